@@ -1,0 +1,158 @@
+use std::time::Duration;
+
+use crate::client::LockClient;
+use crate::error::{Error, Result};
+use crate::key::validate_namespace;
+
+/// Shortest lease accepted by [`Builder::lease`].
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+/// Longest lease accepted by [`Builder::lease`].
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Largest pool accepted by [`Builder::pool_size`].
+pub const MAX_POOL_SIZE: u32 = 1024;
+/// Longest connection or response timeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// Configures and builds a [`LockClient`]; made by [`LockClient::builder`].
+///
+/// Setters only record values; [`build`](Builder::build) validates all of them and reports the
+/// first bad one as [`Error::InvalidArgument`]. Nothing here touches the network.
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock::LockClient;
+///
+/// let err = LockClient::builder("redis://127.0.0.1:6379/")
+///     .lease(Duration::from_millis(1))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.is_invalid_argument());
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct Builder {
+    url: String,
+    config: Config,
+}
+
+/// The validated settings of one client.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) namespace: String,
+    pub(crate) lease: Duration,
+    pub(crate) pool_size: u32,
+    pub(crate) connection_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl Builder {
+    pub(crate) fn new(url: String) -> Builder {
+        Builder {
+            url,
+            config: Config {
+                namespace: "fencelock".to_owned(),
+                lease: Duration::from_secs(30),
+                pool_size: 16,
+                connection_timeout: Duration::from_secs(5),
+                response_timeout: Duration::from_secs(5),
+            },
+        }
+    }
+
+    /// Prefix of every Redis key and channel this client uses, like a registry path: clients
+    /// with different namespaces never contend, even for equal keys.
+    ///
+    /// ASCII letters, digits, `_`, `-`, `.` and `:`, at most
+    /// [`MAX_NAMESPACE_LEN`](crate::MAX_NAMESPACE_LEN) bytes. Defaults to `"fencelock"`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Builder {
+        self.config.namespace = namespace.into();
+        self
+    }
+
+    /// How long a grant lives in Redis without renewal. The renewal thread extends it about every
+    /// lease/3 while the guard lives, so the lease is the time another client waits after a holder
+    /// crashes, not a bound on how long you may hold a lock.
+    ///
+    /// Whole milliseconds from [`MIN_LEASE`] (10 ms) to [`MAX_LEASE`] (24 h); a fraction of a
+    /// millisecond is rejected. Defaults to 30 s.
+    pub fn lease(mut self, lease: Duration) -> Builder {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Maximum number of pooled connections for acquire and release (renewal and wake-ups use
+    /// connections of their own). From 1 to [`MAX_POOL_SIZE`]. Defaults to 16.
+    pub fn pool_size(mut self, size: u32) -> Builder {
+        self.config.pool_size = size;
+        self
+    }
+
+    /// How long to wait for a TCP connection to Redis, and for a free pooled connection when all
+    /// are in use. Greater than zero, at most [`MAX_TIMEOUT`]. Defaults to 5 s.
+    pub fn connection_timeout(mut self, timeout: Duration) -> Builder {
+        self.config.connection_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a reply to a command before reporting [`Error::Timeout`].
+    /// Greater than zero, at most [`MAX_TIMEOUT`]. Defaults to 5 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> Builder {
+        self.config.response_timeout = timeout;
+        self
+    }
+
+    /// Validates every setting and starts the client: its pool, its renewal thread and its
+    /// pub/sub connection. Connections are made lazily, so Redis need not be up yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if it
+    /// does not parse as `redis://`, `redis+unix://` or `unix://`.
+    pub fn build(self) -> Result<LockClient> {
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| Error::invalid("url", format!("{e}")))?;
+        self.config.validate()?;
+        LockClient::start(client, self.config)
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<()> {
+        validate_namespace(&self.namespace)?;
+        validate_lease(self.lease)?;
+        if self.pool_size == 0 || self.pool_size > MAX_POOL_SIZE {
+            return Err(Error::invalid(
+                "pool size",
+                format!("is {}, allowed are 1 to {MAX_POOL_SIZE}", self.pool_size),
+            ));
+        }
+        validate_timeout("connection timeout", self.connection_timeout)?;
+        validate_timeout("response timeout", self.response_timeout)?;
+        Ok(())
+    }
+}
+
+pub(crate) fn validate_lease(lease: Duration) -> Result<()> {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(Error::invalid(
+            "lease",
+            format!("is {lease:?}, allowed are {MIN_LEASE:?} to {MAX_LEASE:?}"),
+        ));
+    }
+    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(Error::invalid(
+            "lease",
+            format!("is {lease:?}; Redis leases are whole milliseconds"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_timeout(what: &'static str, timeout: Duration) -> Result<()> {
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return Err(Error::invalid(
+            what,
+            format!("is {timeout:?}, allowed are more than zero up to {MAX_TIMEOUT:?}"),
+        ));
+    }
+    Ok(())
+}

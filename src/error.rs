@@ -1,0 +1,114 @@
+use std::time::Duration;
+
+/// The result type of every fallible fencelock call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong, as one enum to match or branch on with its predicates.
+///
+/// Branch on the predicates ([`is_lock_lost`](Error::is_lock_lost),
+/// [`is_timeout`](Error::is_timeout), [`is_connection`](Error::is_connection), ...) rather than on
+/// variants: the enum is `#[non_exhaustive]` and gains variants as fencelock gains features.
+/// The underlying cause, where there is one, is reachable through
+/// [`std::error::Error::source`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument or setting was rejected before any network call.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// What was rejected: `"key"`, `"lease"`, `"pool size"`, `"url"`, ...
+        what: &'static str,
+        /// Why, in words.
+        reason: String,
+    },
+
+    /// The lock is no longer ours: its lease ran out or another owner holds the key now.
+    ///
+    /// Work done under the lock since its last confirmed renewal may overlap another holder's;
+    /// fencing tokens let storage reject such writes.
+    #[error("lock on {key:?} was lost: its lease expired or another owner holds it")]
+    LockLost {
+        /// The user key of the lost lock.
+        key: String,
+    },
+
+    /// Every pooled connection stayed in use for the whole connection timeout.
+    #[error("all {size} pooled redis connections stayed busy for {waited:?}")]
+    PoolExhausted {
+        /// The pool size.
+        size: u32,
+        /// How long the call waited for a connection.
+        waited: Duration,
+    },
+
+    /// Redis could not be reached, or the connection broke before a reply came.
+    #[error("redis connection failed")]
+    Connection(#[source] BoxError),
+
+    /// A command got no reply within the response timeout.
+    ///
+    /// The command may still have run. fencelock cleans up after an acquire that timed out
+    /// (it deletes the lock if the lost reply had granted it); for a release, the lease bounds
+    /// how long the lock can stay held.
+    #[error("redis did not reply within the response timeout; the command may still have run")]
+    Timeout(#[source] redis::RedisError),
+
+    /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
+    /// LOADING, a wrong type at a lock key, ...
+    #[error("redis replied with an error")]
+    Redis(#[source] redis::RedisError),
+}
+
+impl Error {
+    /// The lock was lost, or was not ours any more when we tried to release or extend it.
+    pub fn is_lock_lost(&self) -> bool {
+        matches!(self, Error::LockLost { .. })
+    }
+
+    /// A command got no reply in time: its effect is unknown.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout(_))
+    }
+
+    /// Redis was unreachable or the connection broke, or a reply timed out.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Error::Connection(_) | Error::Timeout(_))
+    }
+
+    /// The pool had no free connection within the connection timeout.
+    pub fn is_pool_exhausted(&self) -> bool {
+        matches!(self, Error::PoolExhausted { .. })
+    }
+
+    /// An argument or setting was rejected before any network call.
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(self, Error::InvalidArgument { .. })
+    }
+
+    /// The Redis error behind this error, if Redis replied with one or a command timed out.
+    pub fn redis_error(&self) -> Option<&redis::RedisError> {
+        match self {
+            Error::Redis(e) | Error::Timeout(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            what,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn from_redis(e: redis::RedisError) -> Error {
+        if e.is_timeout() {
+            Error::Timeout(e)
+        } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            Error::Connection(Box::new(e))
+        } else {
+            Error::Redis(e)
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The state of one grant, shared by its guard and the renewal thread.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::key::LockKeys;
+use crate::token::FencingToken;
+
+pub(crate) struct Grant {
+    /// Unique within the client; names the grant to the renewal thread.
+    pub(crate) id: u64,
+    pub(crate) keys: LockKeys,
+    /// The uuid stored at the lock key. Never logged above debug, never shown by `Debug`.
+    pub(crate) owner: String,
+    pub(crate) token: FencingToken,
+    pub(crate) lease: Duration,
+    /// When the last round trip that confirmed the lease (the grant or a renewal) was *sent*:
+    /// Redis set the TTL no earlier, so the lease runs at least until `confirmed + lease`.
+    confirmed: Mutex<Instant>,
+    lost: AtomicBool,
+    /// Set when the guard starts releasing: loss found after that is not news to anyone.
+    ended: AtomicBool,
+    /// Dropped (after one message) when the grant is lost; the guard holds the receiver.
+    lost_tx: Mutex<Option<Sender<()>>>,
+}
+
+/// How much earlier than Redis the local deadline gives up the lock: Redis' own Redlock margin,
+/// 2 ms plus 1% of the lease, for clock rate differences and expiry granularity.
+pub(crate) fn drift_margin(lease: Duration) -> Duration {
+    Duration::from_millis(2) + lease / 100
+}
+
+impl Grant {
+    pub(crate) fn new(
+        id: u64,
+        keys: LockKeys,
+        owner: String,
+        token: FencingToken,
+        lease: Duration,
+        sent: Instant,
+    ) -> (Grant, Receiver<()>) {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let grant = Grant {
+            id,
+            keys,
+            owner,
+            token,
+            lease,
+            confirmed: Mutex::new(sent),
+            lost: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            lost_tx: Mutex::new(Some(tx)),
+        };
+        (grant, rx)
+    }
+
+    pub(crate) fn confirmed(&self) -> Instant {
+        *self.confirmed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A renewal sent at `sent` succeeded.
+    pub(crate) fn confirm(&self, sent: Instant) {
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(PoisonError::into_inner);
+        *confirmed = (*confirmed).max(sent);
+    }
+
+    /// The local end of the lease, on the monotonic clock.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.confirmed() + self.lease.saturating_sub(drift_margin(self.lease))
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        !self.lost.load(Ordering::Acquire) && Instant::now() < self.deadline()
+    }
+
+    /// Marks the grant lost and fires the guard's signal, once; logs a warning unless the guard
+    /// is already releasing.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        if self.lost.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if !self.ended.load(Ordering::Acquire) {
+            log::warn!(
+                "fencelock: lost the lock on {:?} (token {}): {why}",
+                self.keys.user,
+                self.token
+            );
+        }
+        if let Some(tx) = self
+            .lost_tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = tx.try_send(());
+        }
+    }
+
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+}

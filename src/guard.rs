@@ -1,0 +1,134 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+use crate::client::LockClient;
+use crate::error::Result;
+use crate::grant::Grant;
+use crate::token::FencingToken;
+
+/// A held lock. Releases it when dropped; [`unlock`](LockGuard::unlock) releases it and reports
+/// how that went.
+///
+/// The guard owns what it needs (a clone of its [`LockClient`]), so it has no lifetime and can be
+/// moved to another thread or stored. While it lives, the client's renewal thread keeps its lease
+/// alive; if the lease is lost anyway, [`is_held`](LockGuard::is_held) turns false and
+/// [`lost`](LockGuard::lost) fires.
+///
+/// ```no_run
+/// # fn main() -> Result<(), fencelock::Error> {
+/// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+/// let guard = client.lock("invoice:7")?;
+/// println!("writing with fencing token {}", guard.token());
+/// // ... the guarded work, passing guard.token() to the storage ...
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
+pub struct LockGuard {
+    client: LockClient,
+    grant: Arc<Grant>,
+    lost: Receiver<()>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(client: LockClient, grant: Arc<Grant>, lost: Receiver<()>) -> LockGuard {
+        LockGuard {
+            client,
+            grant,
+            lost,
+            released: false,
+        }
+    }
+
+    /// The key this guard holds, as given to [`LockClient::lock`].
+    pub fn key(&self) -> &str {
+        &self.grant.keys.user
+    }
+
+    /// The fencing token of this grant: larger than that of every earlier grant of the key.
+    pub fn token(&self) -> FencingToken {
+        self.grant.token
+    }
+
+    /// The lease this grant was taken with.
+    pub fn lease(&self) -> Duration {
+        self.grant.lease
+    }
+
+    /// Whether the lock is still ours, as far as this process can know without asking Redis.
+    ///
+    /// False once renewal found the key gone or owned by another, and false by itself once the
+    /// local deadline passes without a confirmed renewal: the start of the last confirmed round
+    /// trip plus the lease, less a drift margin of 2 ms + 1% of the lease, on the monotonic
+    /// clock. So it turns false before Redis can expire the key, even if Redis is unreachable or
+    /// the renewal thread is stuck. A `true` is a statement about the past: check it right
+    /// before acting, and let storage check the [`token`](LockGuard::token) for the rest.
+    pub fn is_held(&self) -> bool {
+        self.grant.is_held()
+    }
+
+    /// A channel that becomes ready when the lock is lost, to block or `select!` on.
+    ///
+    /// When renewal reports the lease lost, one `()` is sent and the channel disconnects, so any
+    /// result from `recv` — `Ok(())` or `Err(RecvError)` — means lost. It also disconnects when
+    /// the guard is released, which matters only to clones of the receiver.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use crossbeam_channel::{select, unbounded};
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let guard = client.lock("report")?;
+    /// let (_work_tx, work_done) = unbounded::<()>();
+    /// select! {
+    ///     recv(work_done) -> _ => guard.unlock()?,
+    ///     recv(guard.lost()) -> _ => eprintln!("lost the lock; abandoning the report"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn lost(&self) -> &Receiver<()> {
+        &self.lost
+    }
+
+    /// Releases the lock now.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the key was no longer ours (its lease ran
+    /// out, or another owner holds it now); nothing is deleted then. Connection errors and
+    /// timeouts as for any command; the lock then expires with its lease, as renewal has stopped.
+    pub fn unlock(mut self) -> Result<()> {
+        self.released = true;
+        self.client.release(&self.grant)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Err(e) = self.client.release(&self.grant) {
+            if !e.is_lock_lost() {
+                log::warn!(
+                    "fencelock: releasing {:?} on drop failed, it expires with its lease: {e}",
+                    self.grant.keys.user
+                );
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.grant.keys.user)
+            .field("token", &self.grant.token)
+            .field("held", &self.is_held())
+            .finish_non_exhaustive()
+    }
+}

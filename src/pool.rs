@@ -1,0 +1,150 @@
+//! The r2d2 pool behind acquire and release.
+//!
+//! redis' own r2d2 manager connects without a timeout and PINGs on every checkout. This one
+//! connects with the connection timeout, sets response timeouts, and checks out without a round
+//! trip: connections are numbered as they are made, and once any call sees the connection to
+//! Redis break (a restart, say), every connection made before that point is discarded at its
+//! next checkout, so one outage costs one failed command, not one per pooled connection.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::ConnectionLike;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+pub(crate) struct Conn {
+    pub(crate) con: redis::Connection,
+    generation: u64,
+}
+
+#[derive(Default)]
+struct Generations {
+    made: AtomicU64,
+    stale_below: AtomicU64,
+}
+
+pub(crate) struct Manager {
+    client: redis::Client,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    generations: Arc<Generations>,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> redis::RedisResult<Conn> {
+        let con = connect(&self.client, self.connection_timeout, self.response_timeout)?;
+        let generation = self.generations.made.fetch_add(1, Ordering::Relaxed);
+        Ok(Conn { con, generation })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+        if conn.generation < self.generations.stale_below.load(Ordering::Relaxed) {
+            return Err(redis::RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::NotConnected,
+            )));
+        }
+        Ok(())
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        !conn.con.is_open() || conn.generation < self.generations.stale_below.load(Ordering::Relaxed)
+    }
+}
+
+/// Connects with the connection timeout and arms the response timeout for reads and writes.
+pub(crate) fn connect(
+    client: &redis::Client,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
+    let con = client.get_connection_with_timeout(connection_timeout)?;
+    con.set_read_timeout(Some(response_timeout))?;
+    con.set_write_timeout(Some(response_timeout))?;
+    Ok(con)
+}
+
+/// Logs the pool's background connection failures at debug: callers get them as errors already.
+#[derive(Debug)]
+struct DebugLog;
+
+impl r2d2::HandleError<redis::RedisError> for DebugLog {
+    fn handle_error(&self, error: redis::RedisError) {
+        log::debug!("fencelock: could not open a pooled redis connection: {error}");
+    }
+}
+
+pub(crate) struct Pool {
+    pool: r2d2::Pool<Manager>,
+    generations: Arc<Generations>,
+    size: u32,
+}
+
+impl Pool {
+    pub(crate) fn new(client: redis::Client, config: &Config) -> Pool {
+        let generations = Arc::new(Generations::default());
+        let manager = Manager {
+            client,
+            connection_timeout: config.connection_timeout,
+            response_timeout: config.response_timeout,
+            generations: Arc::clone(&generations),
+        };
+        let pool = r2d2::Pool::builder()
+            .max_size(config.pool_size)
+            .min_idle(Some(0))
+            .test_on_check_out(true)
+            .connection_timeout(config.connection_timeout)
+            .error_handler(Box::new(DebugLog))
+            .build_unchecked(manager);
+        Pool {
+            pool,
+            generations,
+            size: config.pool_size,
+        }
+    }
+
+    pub(crate) fn get(&self) -> Result<r2d2::PooledConnection<Manager>> {
+        let started = Instant::now();
+        self.pool.get().map_err(|e| {
+            let state = self.pool.state();
+            if state.connections >= self.size && state.idle_connections == 0 {
+                Error::PoolExhausted {
+                    size: self.size,
+                    waited: started.elapsed(),
+                }
+            } else {
+                Error::Connection(Box::new(e))
+            }
+        })
+    }
+
+    /// Runs `f` on a pooled connection. If the connection turns out to be broken (Redis restarted
+    /// since it was made), every older connection is retired and `f` runs once more on a fresh
+    /// one; a second failure is returned. `f` must be safe to repeat.
+    pub(crate) fn run<T>(
+        &self,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut conn = self.get()?;
+        match f(&mut conn.con) {
+            Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
+                self.retire_all();
+                drop(conn);
+                let mut conn = self.get()?;
+                f(&mut conn.con).map_err(Error::from_redis)
+            }
+            other => other.map_err(Error::from_redis),
+        }
+    }
+
+    /// Every connection made so far predates the break we just saw; none is worth a failed call.
+    fn retire_all(&self) {
+        let made = self.generations.made.load(Ordering::Relaxed);
+        self.generations.stale_below.fetch_max(made, Ordering::Relaxed);
+    }
+}

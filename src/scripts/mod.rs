@@ -1,0 +1,76 @@
+//! The three Lua scripts every lock operation runs, and their typed replies.
+//!
+//! Each script is its own file with a header naming KEYS, ARGV and the reply; `docs/design.md`
+//! holds the state table (lock key absent / ours / another's × acquire / extend / release).
+//! Scripts run by EVALSHA; `redis::Script` falls back to loading the script on NOSCRIPT.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{ConnectionLike, RedisResult, Script};
+
+use crate::key::LockKeys;
+use crate::token::FencingToken;
+
+pub(crate) static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+pub(crate) static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("extend.lua")));
+pub(crate) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("release.lua")));
+
+/// What one acquire attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    Granted(FencingToken),
+    /// Held by another owner for about this long; `None` when the key has no expiry.
+    Held(Option<Duration>),
+}
+
+pub(crate) fn acquire(
+    con: &mut dyn ConnectionLike,
+    keys: &LockKeys,
+    owner: &str,
+    lease: Duration,
+) -> RedisResult<Acquire> {
+    let (granted, value): (i64, i64) = ACQUIRE
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(owner)
+        .arg(millis(lease))
+        .invoke(con)?;
+    Ok(match granted {
+        1 => Acquire::Granted(FencingToken::new(u64::try_from(value).unwrap_or(0))),
+        _ if value < 0 => Acquire::Held(None),
+        _ => Acquire::Held(Some(Duration::from_millis(value.unsigned_abs()))),
+    })
+}
+
+/// Compare-and-delete; `true` when the lock was ours and is now released.
+pub(crate) fn release(
+    con: &mut dyn ConnectionLike,
+    keys: &LockKeys,
+    owner: &str,
+) -> RedisResult<bool> {
+    RELEASE
+        .key(&keys.lock)
+        .arg(owner)
+        .arg(&keys.channel)
+        .arg(&keys.tag)
+        .invoke(con)
+}
+
+/// Adds one extend call to a pipeline, by EVALSHA; the caller loads the script on NOSCRIPT.
+pub(crate) fn pipe_extend(pipe: &mut redis::Pipeline, keys: &LockKeys, owner: &str, lease: Duration) {
+    pipe.cmd("EVALSHA")
+        .arg(EXTEND.get_hash())
+        .arg(1)
+        .arg(&keys.lock)
+        .arg(owner)
+        .arg(millis(lease));
+}
+
+/// Leases are validated to whole milliseconds well inside `u64`, so this never saturates in use.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
