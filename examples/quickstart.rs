@@ -72,7 +72,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     guard.unlock()?;
 
     let (last, writes) = &*store.lock().unwrap();
-    println!("{} writes accepted, last token {last}; clean exit", writes.len());
+    println!(
+        "{} writes accepted, last token {last}; clean exit",
+        writes.len()
+    );
     Ok(())
 }
 
@@ -84,7 +87,9 @@ struct ThrowawayRedis {
 
 impl ThrowawayRedis {
     fn start() -> Result<ThrowawayRedis, Box<dyn std::error::Error>> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
         let child = Command::new(&bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

@@ -208,15 +208,29 @@ impl LockClient {
             })
     }
 
-    fn grant(&self, keys: LockKeys, owner: String, token: crate::FencingToken, sent: Instant) -> LockGuard {
+    fn grant(
+        &self,
+        keys: LockKeys,
+        owner: String,
+        token: crate::FencingToken,
+        sent: Instant,
+    ) -> LockGuard {
         let id = self.inner.next_grant.fetch_add(1, Ordering::Relaxed);
         log::debug!("fencelock: granted {:?} with token {token}", keys.user);
         let (grant, lost) = Grant::new(id, keys, owner, token, self.inner.config.lease, sent);
         let grant = Arc::new(grant);
         // The renewal thread outlives every guard, so this only fails if it panicked; the guard
         // still works, and its local deadline reports the lease lost when it runs out.
-        if self.inner.renewal.send(Command::Hold(Arc::clone(&grant))).is_err() {
-            log::warn!("fencelock: renewal thread is gone; {:?} will not be renewed", grant.keys.user);
+        if self
+            .inner
+            .renewal
+            .send(Command::Hold(Arc::clone(&grant)))
+            .is_err()
+        {
+            log::warn!(
+                "fencelock: renewal thread is gone; {:?} will not be renewed",
+                grant.keys.user
+            );
         }
         LockGuard::new(self.clone(), grant, lost)
     }
@@ -229,7 +243,11 @@ impl LockClient {
             .pool
             .run(|con| scripts::release(con, &grant.keys, &grant.owner))?;
         if released {
-            log::debug!("fencelock: released {:?} (token {})", grant.keys.user, grant.token);
+            log::debug!(
+                "fencelock: released {:?} (token {})",
+                grant.keys.user,
+                grant.token
+            );
             Ok(())
         } else {
             grant.mark_lost("it was no longer ours at release");

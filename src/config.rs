@@ -87,8 +87,10 @@ impl Builder {
         self
     }
 
-    /// How long to wait for a TCP connection to Redis, and for a free pooled connection when all
-    /// are in use. Greater than zero, at most [`MAX_TIMEOUT`]. Defaults to 5 s.
+    /// How long a call may wait for a connection: to connect to Redis (retrying while it refuses
+    /// connections), or for a pooled connection to come free when all are in use. A call then
+    /// fails with [`Error::Connection`] or [`Error::PoolExhausted`]. Greater than zero, at most
+    /// [`MAX_TIMEOUT`]. Defaults to 5 s.
     pub fn connection_timeout(mut self, timeout: Duration) -> Builder {
         self.config.connection_timeout = timeout;
         self

@@ -58,12 +58,18 @@ impl Grant {
     }
 
     pub(crate) fn confirmed(&self) -> Instant {
-        *self.confirmed.lock().unwrap_or_else(PoisonError::into_inner)
+        *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A renewal sent at `sent` succeeded.
     pub(crate) fn confirm(&self, sent: Instant) {
-        let mut confirmed = self.confirmed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut confirmed = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         *confirmed = (*confirmed).max(sent);
     }
 

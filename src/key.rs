@@ -78,7 +78,10 @@ pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
     if namespace.len() > MAX_NAMESPACE_LEN {
         return Err(Error::invalid(
             "namespace",
-            format!("is {} bytes long, the maximum is {MAX_NAMESPACE_LEN}", namespace.len()),
+            format!(
+                "is {} bytes long, the maximum is {MAX_NAMESPACE_LEN}",
+                namespace.len()
+            ),
         ));
     }
     if let Some(bad) = namespace
@@ -106,7 +109,18 @@ mod tests {
 
     #[test]
     fn lock_and_fence_share_a_hash_tag_for_hostile_keys() {
-        for key in ["a", "{", "}", "}{", "a}b{c", "{x}", "%7D", "nul\0cr\r\nlf", "ключ", "%"] {
+        for key in [
+            "a",
+            "{",
+            "}",
+            "}{",
+            "a}b{c",
+            "{x}",
+            "%7D",
+            "nul\0cr\r\nlf",
+            "ключ",
+            "%",
+        ] {
             let k = LockKeys::new("ns", key).unwrap();
             assert_eq!(slot_tag(&k.lock), slot_tag(&k.fence), "{key:?}");
             assert_eq!(slot_tag(&k.lock), k.tag, "{key:?}");

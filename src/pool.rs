@@ -53,7 +53,8 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        !conn.con.is_open() || conn.generation < self.generations.stale_below.load(Ordering::Relaxed)
+        !conn.con.is_open()
+            || conn.generation < self.generations.stale_below.load(Ordering::Relaxed)
     }
 }
 
@@ -145,6 +146,8 @@ impl Pool {
     /// Every connection made so far predates the break we just saw; none is worth a failed call.
     fn retire_all(&self) {
         let made = self.generations.made.load(Ordering::Relaxed);
-        self.generations.stale_below.fetch_max(made, Ordering::Relaxed);
+        self.generations
+            .stale_below
+            .fetch_max(made, Ordering::Relaxed);
     }
 }

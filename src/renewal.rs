@@ -168,12 +168,20 @@ impl Renewer {
 
     fn connection(&mut self, batch: &[Arc<Grant>]) -> redis::RedisResult<&mut redis::Connection> {
         // A reply that arrives after a third of the shortest lease is too late to be useful:
-        // time out and reconnect while the leases can still be saved.
-        let shortest = batch.iter().map(|g| g.lease).min().unwrap_or(self.response_timeout);
+        // time out and reconnect while the leases can still be saved. Connecting is bounded the
+        // same way, so the thread is never stuck past a deadline it has to report.
+        let shortest = batch
+            .iter()
+            .map(|g| g.lease)
+            .min()
+            .unwrap_or(self.response_timeout);
         let timeout = (shortest / 3).clamp(Duration::from_millis(5), self.response_timeout);
         let con = match self.con.take() {
             Some(con) => con,
-            None => crate::pool::connect(&self.client, self.connection_timeout, timeout)?,
+            None => {
+                let connect_timeout = timeout.min(self.connection_timeout);
+                crate::pool::connect(&self.client, connect_timeout, timeout)?
+            }
         };
         con.set_read_timeout(Some(timeout))?;
         Ok(self.con.insert(con))

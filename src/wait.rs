@@ -155,7 +155,12 @@ pub(crate) fn spawn_dispatcher(
         .map(drop)
 }
 
-fn dispatch(client: &redis::Client, channel: &str, connection_timeout: Duration, waiters: &Weak<Waiters>) {
+fn dispatch(
+    client: &redis::Client,
+    channel: &str,
+    connection_timeout: Duration,
+    waiters: &Weak<Waiters>,
+) {
     let mut backoff = Duration::from_millis(10);
     while waiters.strong_count() > 0 {
         match listen(client, channel, connection_timeout, waiters, &mut backoff) {

@@ -61,7 +61,12 @@ pub(crate) fn release(
 }
 
 /// Adds one extend call to a pipeline, by EVALSHA; the caller loads the script on NOSCRIPT.
-pub(crate) fn pipe_extend(pipe: &mut redis::Pipeline, keys: &LockKeys, owner: &str, lease: Duration) {
+pub(crate) fn pipe_extend(
+    pipe: &mut redis::Pipeline,
+    keys: &LockKeys,
+    owner: &str,
+    lease: Duration,
+) {
     pipe.cmd("EVALSHA")
         .arg(EXTEND.get_hash())
         .arg(1)

@@ -1,0 +1,36 @@
+//! Takes a lock and holds it, renewed, until standard input closes or a line is entered.
+//!
+//!     REDIS_URL=redis://127.0.0.1:6379/ cargo run --example hold -- order:42 [lease-ms]
+//!
+//! Prints `token N` once granted, and `released` or `lost` at the end. Run it in two terminals
+//! to watch the second wait for the first; kill the first with SIGKILL to watch the second take
+//! over when the lease runs out. The test suite uses it as a holder in another process.
+
+use std::io::BufRead;
+use std::time::Duration;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let key = args.next().ok_or("usage: hold KEY [LEASE_MS]")?;
+    let lease_ms: u64 = args
+        .next()
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(30_000);
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let mut builder = fencelock::LockClient::builder(url).lease(Duration::from_millis(lease_ms));
+    if let Ok(namespace) = std::env::var("FENCELOCK_NAMESPACE") {
+        builder = builder.namespace(namespace);
+    }
+    let client = builder.build()?;
+
+    let guard = client.lock(&key)?;
+    println!("token {}", guard.token());
+    let _ = std::io::stdin().lock().lines().next();
+    match guard.unlock() {
+        Ok(()) => println!("released"),
+        Err(e) if e.is_lock_lost() => println!("lost"),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! What reaches the log: grants and releases at debug, losses at warn, owner ids never above
+//! debug. One test per binary, since the logger is process-wide.
+
+mod support;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use log::{Level, Log, Metadata, Record};
+use support::{lock_client, ms, RedisServer};
+
+static RECORDS: Mutex<Vec<(Level, String)>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl Log for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &Record<'_>) {
+        RECORDS
+            .lock()
+            .unwrap()
+            .push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+#[test]
+fn owner_ids_stay_out_of_logs_and_debug_output() {
+    log::set_logger(&Capture).unwrap();
+    log::set_max_level(log::LevelFilter::Trace);
+    let server = RedisServer::start();
+    let client = lock_client(&server, 300);
+    let mut con = server.connection();
+
+    let guard = client.lock("audit").unwrap();
+    let owner: String = redis::cmd("GET")
+        .arg("test:lock:{audit}")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(owner.len(), 36, "owner id is a uuid: {owner}");
+    let shown = format!("{guard:?}");
+    assert!(
+        shown.contains("audit") && shown.contains(&guard.token().to_string()),
+        "{shown}"
+    );
+    assert!(!shown.contains(&owner), "Debug shows the owner id: {shown}");
+    guard.unlock().unwrap();
+
+    let lost = client.lock("audit").unwrap();
+    let second_owner: String = redis::cmd("GET")
+        .arg("test:lock:{audit}")
+        .query(&mut con)
+        .unwrap();
+    assert_ne!(second_owner, owner, "owner ids must be fresh per grant");
+    let _: () = redis::cmd("DEL")
+        .arg("test:lock:{audit}")
+        .query(&mut con)
+        .unwrap();
+    assert!(lost.lost().recv_timeout(ms(1_000)).is_ok());
+    assert!(lost.unlock().unwrap_err().is_lock_lost());
+    std::thread::sleep(Duration::from_millis(50));
+
+    let records = RECORDS.lock().unwrap().clone();
+    let at = |level: Level, needle: &str| {
+        records
+            .iter()
+            .any(|(l, m)| *l == level && m.contains(needle))
+    };
+    assert!(at(Level::Debug, "granted"), "{records:#?}");
+    assert!(at(Level::Debug, "released"), "{records:#?}");
+    assert!(at(Level::Warn, "lost"), "{records:#?}");
+    for (level, message) in &records {
+        if *level <= Level::Info {
+            assert!(
+                !message.contains(&owner) && !message.contains(&second_owner),
+                "{message}"
+            );
+        }
+    }
+}

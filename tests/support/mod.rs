@@ -1,0 +1,743 @@
+#![allow(dead_code)] // each test binary uses a different subset
+
+//! Test support: a throw-away `redis-server` per test, a child-process helper
+//! (for lock holders in another process), a lock-hold history checker and a
+//! loopback TCP fault proxy.
+//!
+//! Included from integration tests with `mod support;` and from benches with
+//! `#[path = "../tests/support/mod.rs"] mod support;`.
+
+pub mod history;
+pub mod proxy;
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{self, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+/// `Duration::from_millis(n)`.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// How long a freshly spawned server may take to answer PING.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Readiness poll interval.
+const READY_POLL: Duration = Duration::from_millis(10);
+/// Attempts at finding a free port in `start`.
+const START_TRIES: u32 = 10;
+/// Attempts at re-binding the same port in `restart`.
+const RESTART_TRIES: u32 = 10;
+/// Upper bound on waiting for a SIGKILLed process to be reaped.
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Timeouts of `RedisServer::connection()`.
+const CONN_TIMEOUT: Duration = Duration::from_secs(5);
+
+const INSTALL_HINT: &str = "set REDIS_SERVER_BIN or install it: \
+     `sudo apt-get install -y redis-server` on Debian/Ubuntu, `brew install redis` on macOS";
+
+// ---------------------------------------------------------------------------
+// small helpers
+// ---------------------------------------------------------------------------
+
+static UNIQUE: AtomicU64 = AtomicU64::new(0);
+
+/// Creates a fresh, empty directory under `std::env::temp_dir()` whose name is
+/// unique across threads and processes (pid + counter + nanos).
+pub fn unique_temp_dir(prefix: &str) -> PathBuf {
+    let base = std::env::temp_dir();
+    let mut last_err = None;
+    for _ in 0..100 {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
+        let path = base.join(format!("{prefix}-{}-{n}-{nanos}", process::id()));
+        match fs::create_dir(&path) {
+            Ok(()) => return path,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => panic!("cannot create temp dir {}: {e}", path.display()),
+        }
+    }
+    panic!(
+        "cannot create a unique temp dir under {}: {last_err:?}",
+        base.display()
+    )
+}
+
+/// A port that was free on 127.0.0.1 a moment ago (bind :0, read, drop).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"));
+    listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr of a bound listener: {e}"))
+        .port()
+}
+
+/// Sends `sig` to `pid`. Returns whether kill(2) succeeded.
+///
+/// Callers only pass the pid of a child process they still own and have not
+/// reaped, so the pid cannot have been recycled for another process.
+fn send_signal(pid: u32, sig: libc::c_int) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false; // never signal a process group or "every process"
+    }
+    // SAFETY: kill(2) takes two plain integers and touches no memory of ours;
+    // `pid` is positive (a single process, never a group) and belongs to an
+    // unreaped child of this process, so it cannot name an unrelated process.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// Signals `child` only if it has not exited (and so has not been reaped) yet.
+fn signal_if_alive(child: &mut process::Child, sig: libc::c_int) -> bool {
+    match child.try_wait() {
+        Ok(None) => send_signal(child.id(), sig),
+        _ => false,
+    }
+}
+
+/// Polls `try_wait` until the child has exited or `timeout` passed.
+fn reap(child: &mut process::Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// SIGCONT (in case it is stopped), SIGKILL, then reap (bounded). Never panics.
+fn kill_and_reap(child: &mut process::Child) -> Option<ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(status);
+    }
+    signal_if_alive(child, libc::SIGCONT);
+    signal_if_alive(child, libc::SIGKILL);
+    reap(child, REAP_TIMEOUT)
+}
+
+/// Lossy UTF-8 contents of `path` from byte `offset` on ("" if unreadable).
+fn read_from(path: &Path, offset: u64) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return String::new();
+    };
+    if file.seek(SeekFrom::Start(offset)).is_err() {
+        return String::new();
+    }
+    let mut bytes = Vec::new();
+    let _ = file.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn file_len(path: &Path) -> u64 {
+    fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// RedisServer
+// ---------------------------------------------------------------------------
+
+/// A `redis-server` child process on 127.0.0.1 with its own temp dir, killed
+/// and cleaned up on drop.
+///
+/// Its log goes to `<dir>/redis.log`; its stdout/stderr (early fatal config
+/// errors only) go to `<dir>/redis.stdio`.
+pub struct RedisServer {
+    /// `None` once killed (and reaped).
+    child: Mutex<Option<process::Child>>,
+    /// Pid of the most recently spawned process.
+    pid: u32,
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+    bin: OsString,
+}
+
+enum Readiness {
+    Ready,
+    /// The port is taken by someone else: retry (with a new port in `start`).
+    PortTaken(String),
+    /// Any other failure: give up.
+    Failed(String),
+}
+
+impl RedisServer {
+    /// Starts a redis-server on a free 127.0.0.1 port, with its own temp dir,
+    /// `--save ""` and `--appendonly no`; returns once it answers PING.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with `extra_args` appended to the command
+    /// line (later arguments override earlier ones, e.g. `&["--appendonly", "yes"]`).
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let bin = redis_bin();
+        let dir = unique_temp_dir("fencelock-redis");
+        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let mut attempts = Vec::new();
+        for _ in 0..START_TRIES {
+            let port = free_port();
+            let log_offset = file_len(&dir.join("redis.log"));
+            let mut child = match spawn_redis(&bin, port, &dir, &extra_args) {
+                Ok(child) => child,
+                Err(msg) => {
+                    let _ = fs::remove_dir_all(&dir);
+                    panic!("{msg}");
+                }
+            };
+            match wait_ready(&mut child, port, &dir, log_offset) {
+                Readiness::Ready => {
+                    return RedisServer {
+                        pid: child.id(),
+                        child: Mutex::new(Some(child)),
+                        port,
+                        dir,
+                        extra_args,
+                        bin,
+                    };
+                }
+                Readiness::PortTaken(why) => {
+                    kill_and_reap(&mut child);
+                    attempts.push(format!("port {port}: {why}"));
+                }
+                Readiness::Failed(why) => {
+                    kill_and_reap(&mut child);
+                    let logs = server_logs(&dir, 0);
+                    let _ = fs::remove_dir_all(&dir);
+                    panic!(
+                        "redis-server ({}) on port {port} failed to start: {why}\n{logs}",
+                        bin.to_string_lossy()
+                    );
+                }
+            }
+        }
+        let logs = server_logs(&dir, 0);
+        let _ = fs::remove_dir_all(&dir);
+        panic!(
+            "redis-server ({}) could not get a free port after {START_TRIES} tries: {attempts:#?}\n{logs}",
+            bin.to_string_lossy()
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Pid of the current (or, after `kill`, the last) server process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The server's own temp dir (its `--dir`; holds `redis.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// SIGSTOP: the server stops answering (connections stay open).
+    pub fn pause(&self) {
+        let mut guard = lock(&self.child);
+        if let Some(child) = guard.as_mut() {
+            signal_if_alive(child, libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        let mut guard = lock(&self.child);
+        if let Some(child) = guard.as_mut() {
+            signal_if_alive(child, libc::SIGCONT);
+        }
+    }
+
+    /// SIGKILL and reap. Idempotent.
+    pub fn kill(&mut self) {
+        let child = self
+            .child
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(mut child) = child {
+            kill_and_reap(&mut child);
+        }
+    }
+
+    /// Kills the server if running, then starts it again on the same port,
+    /// with the same dir and arguments (so an AOF/RDB in the dir is loaded),
+    /// and waits until it answers PING (not LOADING).
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut attempts = Vec::new();
+        for attempt in 1..=RESTART_TRIES {
+            let log_offset = file_len(&self.dir.join("redis.log"));
+            let mut child = spawn_redis(&self.bin, self.port, &self.dir, &self.extra_args)
+                .unwrap_or_else(|msg| panic!("{msg}"));
+            match wait_ready(&mut child, self.port, &self.dir, log_offset) {
+                Readiness::Ready => {
+                    self.pid = child.id();
+                    *self
+                        .child
+                        .get_mut()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(child);
+                    return;
+                }
+                Readiness::PortTaken(why) => {
+                    kill_and_reap(&mut child);
+                    attempts.push(why);
+                    thread::sleep(Duration::from_millis(50 * u64::from(attempt)));
+                }
+                Readiness::Failed(why) => {
+                    kill_and_reap(&mut child);
+                    panic!(
+                        "redis-server restart on port {} failed: {why}\n{}",
+                        self.port,
+                        server_logs(&self.dir, log_offset)
+                    );
+                }
+            }
+        }
+        panic!(
+            "redis-server restart: port {} stayed taken after {RESTART_TRIES} tries: {attempts:#?}\n{}",
+            self.port,
+            server_logs(&self.dir, 0)
+        );
+    }
+
+    /// Whether the server process exists (a paused server counts as running).
+    pub fn is_running(&self) -> bool {
+        let mut guard = lock(&self.child);
+        match guard.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Contents of the server's log file ("" if none).
+    pub fn log(&self) -> String {
+        read_from(&self.dir.join("redis.log"), 0)
+    }
+
+    /// A fresh plain connection with 5 s connect/read/write timeouts, for test
+    /// assertions. Panics if the server cannot be reached.
+    pub fn connection(&self) -> redis::Connection {
+        let url = self.url();
+        let client = redis::Client::open(url.as_str())
+            .unwrap_or_else(|e| panic!("redis::Client::open({url}): {e}"));
+        let con = client
+            .get_connection_with_timeout(CONN_TIMEOUT)
+            .unwrap_or_else(|e| panic!("cannot connect to test redis at {url}: {e}"));
+        con.set_read_timeout(Some(CONN_TIMEOUT))
+            .unwrap_or_else(|e| panic!("set_read_timeout: {e}"));
+        con.set_write_timeout(Some(CONN_TIMEOUT))
+            .unwrap_or_else(|e| panic!("set_write_timeout: {e}"));
+        con
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn redis_bin() -> OsString {
+    match std::env::var_os("REDIS_SERVER_BIN") {
+        Some(bin) if !bin.is_empty() => bin,
+        _ => OsString::from("redis-server"),
+    }
+}
+
+fn spawn_redis(
+    bin: &OsString,
+    port: u16,
+    dir: &Path,
+    extra_args: &[String],
+) -> Result<process::Child, String> {
+    let stdio_path = dir.join("redis.stdio");
+    let stdio = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&stdio_path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", stdio_path.display()));
+    let stdio_err = stdio
+        .try_clone()
+        .unwrap_or_else(|e| panic!("cannot clone a file handle: {e}"));
+    let mut cmd = Command::new(bin);
+    cmd.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(extra_args)
+        .stdin(Stdio::null())
+        .stdout(stdio)
+        .stderr(stdio_err);
+    cmd.spawn().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            format!(
+                "redis-server not found (tried {:?}; {INSTALL_HINT})",
+                bin.to_string_lossy()
+            )
+        } else {
+            format!(
+                "cannot spawn redis-server {:?}: {e} ({INSTALL_HINT})",
+                bin.to_string_lossy()
+            )
+        }
+    })
+}
+
+/// The server's log (from byte `log_offset`) and any stdout/stderr, for panics.
+fn server_logs(dir: &Path, log_offset: u64) -> String {
+    let log = read_from(&dir.join("redis.log"), log_offset);
+    let stdio = read_from(&dir.join("redis.stdio"), 0);
+    let mut out = format!("--- redis.log ---\n{log}");
+    if !stdio.trim().is_empty() {
+        out.push_str(&format!("--- redis stdout/stderr ---\n{stdio}"));
+    }
+    out
+}
+
+/// Polls until the server answers PING (not LOADING) and is really *our*
+/// process (INFO's process_id), it exits, or READY_TIMEOUT passes.
+fn wait_ready(child: &mut process::Child, port: u16, dir: &Path, log_offset: u64) -> Readiness {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let url = format!("redis://127.0.0.1:{port}/");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut last_error = String::from("no attempt yet");
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let log = read_from(&dir.join("redis.log"), log_offset);
+                let stdio = read_from(&dir.join("redis.stdio"), 0);
+                if log.contains("Address already in use")
+                    || stdio.contains("Address already in use")
+                {
+                    return Readiness::PortTaken(format!(
+                        "exited ({status}): address already in use"
+                    ));
+                }
+                return Readiness::Failed(format!("exited early ({status})"));
+            }
+            Ok(None) => {}
+            Err(e) => return Readiness::Failed(format!("try_wait: {e}")),
+        }
+        if Instant::now() >= deadline {
+            return Readiness::Failed(format!(
+                "not ready within {READY_TIMEOUT:?} (last error: {last_error})"
+            ));
+        }
+        match ping_once(&addr, &url) {
+            Ok(server_pid) if server_pid == child.id() => return Readiness::Ready,
+            Ok(server_pid) => {
+                return Readiness::PortTaken(format!(
+                    "port answered by another redis-server (pid {server_pid}, ours is {})",
+                    child.id()
+                ))
+            }
+            Err(e) => last_error = e,
+        }
+        thread::sleep(READY_POLL);
+    }
+}
+
+/// One readiness probe: TCP connect, PING, then `INFO server` for the pid.
+fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
+    let probe_timeout = Duration::from_millis(500);
+    TcpStream::connect_timeout(addr, probe_timeout).map_err(|e| format!("tcp connect: {e}"))?;
+    let client = redis::Client::open(url).map_err(|e| format!("client: {e}"))?;
+    let mut con = client
+        .get_connection_with_timeout(probe_timeout)
+        .map_err(|e| format!("connect: {e}"))?;
+    con.set_read_timeout(Some(Duration::from_secs(1)))
+        .map_err(|e| format!("set_read_timeout: {e}"))?;
+    con.set_write_timeout(Some(Duration::from_secs(1)))
+        .map_err(|e| format!("set_write_timeout: {e}"))?;
+    // A LOADING error (dataset still being loaded) lands here too: not ready yet.
+    let pong: String = redis::cmd("PING")
+        .query(&mut con)
+        .map_err(|e| format!("PING: {e}"))?;
+    if pong != "PONG" {
+        return Err(format!("PING answered {pong:?}"));
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut con)
+        .map_err(|e| format!("INFO: {e}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .ok_or_else(|| "INFO server has no process_id".to_string())
+}
+
+// ---------------------------------------------------------------------------
+// Lock clients and server statistics (not in the original support spec: added
+// because the integration tests import them)
+// ---------------------------------------------------------------------------
+
+/// Namespace of [`lock_client`]'s clients: their keys are `test:lock:{KEY}`
+/// and their release channel is `test:released`. A holder process (the `hold`
+/// example) must get `FENCELOCK_NAMESPACE=test` to contend with them.
+pub const NAMESPACE: &str = "test";
+
+/// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of
+/// `lease_ms` milliseconds. Panics if the builder rejects it.
+pub fn lock_client(server: &RedisServer, lease_ms: u64) -> fencelock::LockClient {
+    fencelock::LockClient::builder(server.url())
+        .namespace(NAMESPACE)
+        .lease(Duration::from_millis(lease_ms))
+        .build()
+        .unwrap_or_else(|e| panic!("LockClient for {} (lease {lease_ms} ms): {e}", server.url()))
+}
+
+/// How many times `command` (lower case, e.g. "evalsha") ran since the server
+/// started or since the last `CONFIG RESETSTAT`, from `INFO commandstats`
+/// (0 if it never ran).
+pub fn command_calls(con: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .unwrap_or_else(|e| panic!("INFO commandstats: {e}"));
+    let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|stats| {
+            stats
+                .split(',')
+                .find_map(|field| field.strip_prefix("calls="))
+        })
+        .map(|calls| {
+            calls
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("cmdstat_{command} calls={calls:?}: {e}"))
+        })
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// Child processes (lock holders in another process)
+// ---------------------------------------------------------------------------
+
+/// Path of a compiled example binary (`target/<profile>/examples/<name>`),
+/// derived from the test binary's own path (`target/<profile>/deps/<test>`).
+pub fn example_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("std::env::current_exe(): {e}"));
+    let deps = exe
+        .parent()
+        .unwrap_or_else(|| panic!("test binary {} has no parent dir", exe.display()));
+    let profile_dir = deps
+        .parent()
+        .unwrap_or_else(|| panic!("deps dir {} has no parent dir", deps.display()));
+    let path = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !path.is_file() {
+        panic!(
+            "example binary {} not found: build examples first: a plain `cargo test` builds \
+             them (a filtered `cargo test --test X` does not); or `cargo build --examples` \
+             (same profile as the tests)",
+            path.display()
+        );
+    }
+    path
+}
+
+/// Lines kept for diagnostics in `Child`'s panic messages.
+const SEEN_LINES_KEPT: usize = 200;
+
+/// A child process whose stdout lines can be awaited with a timeout.
+///
+/// stdout is piped and read line by line by a thread; stderr is inherited;
+/// stdin is piped (see [`Child::send_line`]) and closed on drop.
+pub struct Child {
+    inner: Mutex<process::Child>,
+    pid: u32,
+    program: String,
+    lines: Receiver<String>,
+    stdin: Mutex<Option<ChildStdin>>,
+    /// Recent stdout lines (all of them, matched or not), for panic messages.
+    seen: Mutex<Vec<String>>,
+}
+
+impl Child {
+    /// Spawns `cmd` with stdout and stdin piped and stderr inherited.
+    pub fn spawn(mut cmd: Command) -> Child {
+        let program = format!("{cmd:?}");
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {program}: {e}"));
+        let pid = child.id();
+        let stdout = child
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("child {program} has no piped stdout"));
+        let stdin = child.stdin.take();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let reader = thread::Builder::new()
+            .name(format!("child-{pid}-stdout"))
+            .spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = reader {
+            kill_and_reap(&mut child);
+            panic!("cannot start the stdout reader thread for {program}: {e}");
+        }
+        Child {
+            inner: Mutex::new(child),
+            pid,
+            program,
+            lines: rx,
+            stdin: Mutex::new(stdin),
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits for the next stdout line starting with `prefix`, skipping other
+    /// lines; returns the whole line. Panics on timeout or EOF, showing the
+    /// lines seen.
+    pub fn expect_line(&self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let mut skipped: Vec<String> = Vec::new();
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                self.fail_expect(prefix, timeout, "timed out", &skipped);
+            }
+            match self.lines.recv_timeout(deadline - now) {
+                Ok(line) => {
+                    {
+                        let mut seen = lock(&self.seen);
+                        if seen.len() >= SEEN_LINES_KEPT {
+                            seen.remove(0);
+                        }
+                        seen.push(line.clone());
+                    }
+                    if line.starts_with(prefix) {
+                        return line;
+                    }
+                    skipped.push(line);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.fail_expect(prefix, timeout, "timed out", &skipped)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.fail_expect(prefix, timeout, "stdout closed (EOF)", &skipped)
+                }
+            }
+        }
+    }
+
+    fn fail_expect(&self, prefix: &str, timeout: Duration, what: &str, skipped: &[String]) -> ! {
+        let status = match lock(&self.inner).try_wait() {
+            Ok(Some(status)) => format!("exited: {status}"),
+            Ok(None) => "still running".to_string(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        let seen = lock(&self.seen).clone();
+        panic!(
+            "{what} waiting {timeout:?} for a stdout line starting with {prefix:?} from child \
+             pid {} ({}); process {status}\nlines skipped while waiting: {skipped:#?}\n\
+             last lines seen: {seen:#?}",
+            self.pid, self.program
+        );
+    }
+
+    /// Writes `line` plus a newline to the child's stdin and flushes.
+    /// Panics if stdin was closed or the child is gone.
+    pub fn send_line(&self, line: &str) {
+        let mut guard = lock(&self.stdin);
+        let stdin = guard
+            .as_mut()
+            .unwrap_or_else(|| panic!("stdin of child pid {} is closed", self.pid));
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("writing to stdin of child pid {}: {e}", self.pid));
+    }
+
+    /// Closes the child's stdin (it reads EOF).
+    pub fn close_stdin(&self) {
+        lock(&self.stdin).take();
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&self) {
+        signal_if_alive(&mut lock(&self.inner), libc::SIGSTOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        signal_if_alive(&mut lock(&self.inner), libc::SIGCONT);
+    }
+
+    /// SIGKILL and reap (bounded). Idempotent.
+    pub fn kill(&mut self) {
+        let inner = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        kill_and_reap(inner);
+    }
+
+    /// Waits up to `timeout` for the child to exit by itself; `None` if it is
+    /// still running then.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let inner = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        reap(inner, timeout)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.close_stdin();
+        self.kill();
+    }
+}
