@@ -99,8 +99,10 @@ impl LockClient {
 
     /// Takes the lock on `key`, waiting as long as it takes.
     ///
-    /// Waiting costs no polling: a release wakes the longest-waiting thread of this client at
-    /// once, and a holder that died is noticed when its lease runs out.
+    /// Waiting costs no polling at a fixed interval: a release wakes the longest-waiting thread
+    /// of this client at once. Only when the holder's lease would have run out does the waiter
+    /// look again unprompted, since a holder that died publishes no release; while a live holder
+    /// keeps renewing, that is about once per lease.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty key or one longer than
@@ -116,8 +118,9 @@ impl LockClient {
 
     /// Takes the lock on `key` if it can be had within `timeout`; `Ok(None)` if not.
     ///
-    /// `Duration::ZERO` makes exactly one attempt, and does not queue behind other threads of
-    /// this client that are waiting for the key.
+    /// `Duration::ZERO` makes exactly one attempt (repeated once on a fresh connection only if
+    /// the pooled one turns out to be broken), and does not queue behind other threads of this
+    /// client that are waiting for the key.
     ///
     /// # Errors
     /// As for [`lock`](LockClient::lock).
@@ -166,7 +169,7 @@ impl LockClient {
                     Acquire::Held(pttl) => {
                         // A key without expiry was not set by fencelock; look again a lease later.
                         let wait = pttl.unwrap_or(lease) + Duration::from_millis(1);
-                        holder_expiry = Some(Instant::now() + wait);
+                        holder_expiry = Instant::now().checked_add(wait);
                     }
                 }
             }
@@ -193,9 +196,8 @@ impl LockClient {
     /// One run of the acquire script.
     fn attempt(&self, keys: &LockKeys, owner: &str) -> Result<Acquire> {
         let lease = self.inner.config.lease;
-        self.inner
-            .pool
-            .run(|con| match scripts::acquire(con, keys, owner, lease) {
+        self.inner.pool.run(
+            |con, _retry| match scripts::acquire(con, keys, owner, lease) {
                 Err(e) if e.is_timeout() => {
                     // The script may still run and grant us the lock we are about to report as
                     // not taken. A compare-and-delete sent on the same connection runs after it,
@@ -205,7 +207,8 @@ impl LockClient {
                     Err(e)
                 }
                 other => other,
-            })
+            },
+        )
     }
 
     fn grant(
@@ -235,30 +238,44 @@ impl LockClient {
         LockGuard::new(self.clone(), grant, lost)
     }
 
+    /// Releases a grant: stops its renewal, then compare-and-delete. Logs failures at warn, so
+    /// `Drop` can stay silent.
     pub(crate) fn release(&self, grant: &Grant) -> Result<()> {
         grant.end();
         let _ = self.inner.renewal.send(Command::Forget(grant.id));
-        let released = self
-            .inner
-            .pool
-            .run(|con| scripts::release(con, &grant.keys, &grant.owner))?;
-        if released {
-            log::debug!(
-                "fencelock: released {:?} (token {})",
-                grant.keys.user,
-                grant.token
-            );
-            Ok(())
-        } else {
-            grant.mark_lost("it was no longer ours at release");
-            log::warn!(
-                "fencelock: {:?} (token {}) was no longer ours at release",
-                grant.keys.user,
-                grant.token
-            );
-            Err(Error::LockLost {
-                key: grant.keys.user.clone(),
-            })
+        let user = &grant.keys.user;
+        let mut reply_lost = false;
+        let released = self.inner.pool.run(|con, retry| {
+            reply_lost = retry;
+            scripts::release(con, &grant.keys, &grant.owner)
+        });
+        match released {
+            Ok(true) => {
+                log::debug!("fencelock: released {user:?} (token {})", grant.token);
+                Ok(())
+            }
+            // The first run may have deleted the key before its connection broke: the key is not
+            // ours now either way, and nothing of anyone else's was touched.
+            Ok(false) if reply_lost => {
+                log::debug!(
+                    "fencelock: released {user:?} (token {}) on a retry",
+                    grant.token
+                );
+                Ok(())
+            }
+            Ok(false) => {
+                if grant.mark_lost("it was no longer ours at release") {
+                    log::warn!(
+                        "fencelock: {user:?} (token {}) was no longer ours at release",
+                        grant.token
+                    );
+                }
+                Err(Error::LockLost { key: user.clone() })
+            }
+            Err(e) => {
+                log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
+                Err(e)
+            }
         }
     }
 }

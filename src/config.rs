@@ -28,7 +28,7 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 ///     .unwrap_err();
 /// assert!(err.is_invalid_argument());
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct Builder {
     url: String,
@@ -114,6 +114,15 @@ impl Builder {
             .map_err(|e| Error::invalid("url", format!("{e}")))?;
         self.config.validate()?;
         LockClient::start(client, self.config)
+    }
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // No URL: it may carry a password.
+        f.debug_struct("Builder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 

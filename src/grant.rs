@@ -64,29 +64,53 @@ impl Grant {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A renewal sent at `sent` succeeded.
-    pub(crate) fn confirm(&self, sent: Instant) {
+    /// A renewal sent at `sent` succeeded. Returns false, and marks the grant lost, if the local
+    /// deadline passed before the reply came: once `is_held()` could have said false, it must
+    /// never say true again.
+    pub(crate) fn confirm(&self, sent: Instant) -> bool {
         let mut confirmed = self
             .confirmed
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if self.lost.load(Ordering::Acquire) {
+            return false;
+        }
+        if Instant::now() >= *confirmed + self.valid_for() {
+            drop(confirmed);
+            self.mark_lost("its lease ran out before a renewal was confirmed");
+            return false;
+        }
         *confirmed = (*confirmed).max(sent);
+        true
     }
 
     /// The local end of the lease, on the monotonic clock.
     pub(crate) fn deadline(&self) -> Instant {
-        self.confirmed() + self.lease.saturating_sub(drift_margin(self.lease))
+        self.confirmed() + self.valid_for()
     }
 
+    /// How long a confirmation keeps the lease valid locally.
+    fn valid_for(&self) -> Duration {
+        self.lease.saturating_sub(drift_margin(self.lease))
+    }
+
+    /// Loss is one-way: past the deadline the grant is marked lost, by whoever notices first.
     pub(crate) fn is_held(&self) -> bool {
-        !self.lost.load(Ordering::Acquire) && Instant::now() < self.deadline()
+        if self.lost.load(Ordering::Acquire) {
+            return false;
+        }
+        if Instant::now() >= self.deadline() {
+            self.mark_lost("its lease ran out before a renewal was confirmed");
+            return false;
+        }
+        true
     }
 
     /// Marks the grant lost and fires the guard's signal, once; logs a warning unless the guard
-    /// is already releasing.
-    pub(crate) fn mark_lost(&self, why: &str) {
+    /// is already releasing. Returns whether this call was the one that marked it.
+    pub(crate) fn mark_lost(&self, why: &str) -> bool {
         if self.lost.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         if !self.ended.load(Ordering::Acquire) {
             log::warn!(
@@ -103,6 +127,7 @@ impl Grant {
         {
             let _ = tx.try_send(());
         }
+        true
     }
 
     pub(crate) fn end(&self) {

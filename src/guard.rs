@@ -80,7 +80,7 @@ impl LockGuard {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
-    /// use crossbeam_channel::{select, unbounded};
+    /// use fencelock::crossbeam_channel::{select, unbounded};
     ///
     /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
     /// let guard = client.lock("report")?;
@@ -107,19 +107,17 @@ impl LockGuard {
     }
 }
 
+/// Releases the lock, best effort: failures are logged at warn and the lock then expires with its
+/// lease. The release is a round trip, so while Redis is unreachable a drop blocks for up to about
+/// twice the connection timeout plus the response timeout; call [`unlock`](LockGuard::unlock) to
+/// see the outcome instead.
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.released {
             return;
         }
-        if let Err(e) = self.client.release(&self.grant) {
-            if !e.is_lock_lost() {
-                log::warn!(
-                    "fencelock: releasing {:?} on drop failed, it expires with its lease: {e}",
-                    self.grant.keys.user
-                );
-            }
-        }
+        // Failures are logged by release(); a guard dropped during a panic must not panic again.
+        let _ = self.client.release(&self.grant);
     }
 }
 

@@ -126,18 +126,19 @@ impl Pool {
 
     /// Runs `f` on a pooled connection. If the connection turns out to be broken (Redis restarted
     /// since it was made), every older connection is retired and `f` runs once more on a fresh
-    /// one; a second failure is returned. `f` must be safe to repeat.
+    /// one, told so by its `bool` argument; a second failure is returned. `f` must be safe to
+    /// repeat: the first run may have taken effect before the connection broke.
     pub(crate) fn run<T>(
         &self,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut conn = self.get()?;
-        match f(&mut conn.con) {
+        match f(&mut conn.con, false) {
             Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
                 self.retire_all();
                 drop(conn);
                 let mut conn = self.get()?;
-                f(&mut conn.con).map_err(Error::from_redis)
+                f(&mut conn.con, true).map_err(Error::from_redis)
             }
             other => other.map_err(Error::from_redis),
         }

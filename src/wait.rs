@@ -182,7 +182,9 @@ fn listen(
     waiters: &Weak<Waiters>,
     backoff: &mut Duration,
 ) -> redis::RedisResult<()> {
-    let mut con = crate::pool::connect(client, connection_timeout, HEARTBEAT)?;
+    // Bounded so that, with Redis unreachable, the thread still notices its client is gone.
+    let connect_timeout = connection_timeout.min(Duration::from_secs(5));
+    let mut con = crate::pool::connect(client, connect_timeout, HEARTBEAT)?;
     let mut pubsub = con.as_pubsub();
     pubsub.subscribe(channel)?;
     *backoff = Duration::from_millis(10);

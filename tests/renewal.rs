@@ -8,6 +8,22 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::TryRecvError;
 use support::{lock_client, ms, RedisServer};
 
+/// How many of the lock keys `test:lock:{<prefix>:0}` .. `{<prefix>:<n-1>}` have a live lease.
+fn live_leases(server: &RedisServer, prefix: &str, n: usize) -> usize {
+    let mut con = server.connection();
+    redis::cmd("EVAL")
+        .arg(
+            "local n = 0 for i = 0, ARGV[2] - 1 do \
+             if redis.call('PTTL', 'test:lock:{' .. ARGV[1] .. ':' .. i .. '}') > 0 then n = n + 1 end \
+             end return n",
+        )
+        .arg(0)
+        .arg(prefix)
+        .arg(n)
+        .query(&mut con)
+        .unwrap()
+}
+
 #[test]
 fn a_100ms_lease_is_held_for_twenty_lease_periods() {
     let server = RedisServer::start();
@@ -44,14 +60,63 @@ fn many_locks_of_one_client_are_all_kept() {
         .collect();
     thread::sleep(Duration::from_secs(1));
     assert!(guards.iter().all(|g| g.is_held()));
-    let mut con = server.connection();
-    let alive: usize = redis::cmd("EVAL")
-        .arg("local n = 0 for i = 0, 199 do if redis.call('PTTL', 'test:lock:{many:' .. i .. '}') > 0 then n = n + 1 end end return n")
-        .arg(0)
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(alive, 200);
+    assert_eq!(live_leases(&server, "many", 200), 200);
     for guard in guards {
         guard.unlock().unwrap();
     }
+}
+
+#[test]
+fn leases_beyond_one_pipeline_are_all_kept() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 600);
+    let guards: Vec<_> = (0..2_500)
+        .map(|i| client.lock(&format!("bulk:{i}")).unwrap())
+        .collect();
+    thread::sleep(Duration::from_millis(1_800));
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    assert_eq!(lost, 0, "{lost} of {} leases lost", guards.len());
+    assert_eq!(live_leases(&server, "bulk", 2_500), 2_500);
+}
+
+#[test]
+fn one_broken_key_costs_only_its_own_lease() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 300);
+    let healthy = client.lock("healthy").unwrap();
+    let broken = client.lock("broken").unwrap();
+    let mut con = server.connection();
+    // A wrong type at the lock key makes its extend fail with WRONGTYPE inside the pipeline.
+    let _: () = redis::pipe()
+        .cmd("DEL")
+        .arg("test:lock:{broken}")
+        .cmd("RPUSH")
+        .arg("test:lock:{broken}")
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert!(broken.lost().recv_timeout(ms(1_000)).is_ok());
+    thread::sleep(ms(600));
+    assert!(healthy.is_held());
+    healthy.unlock().unwrap();
+}
+
+#[test]
+fn a_response_timeout_below_five_ms_still_renews() {
+    let server = RedisServer::start();
+    let client = fencelock::LockClient::builder(server.url())
+        .namespace(support::NAMESPACE)
+        .lease(ms(150))
+        .response_timeout(ms(4))
+        .build()
+        .unwrap();
+    // A 4 ms budget can be missed on a busy machine; the point here is the renewal thread.
+    let guard = (0..50)
+        .find_map(|_| client.lock("tight").ok())
+        .expect("no grant in 50 tries");
+    thread::sleep(ms(600));
+    assert!(
+        guard.is_held(),
+        "lease not renewed with a 4 ms response timeout"
+    );
 }

@@ -20,6 +20,15 @@ fn threads_named(prefix: &str) -> usize {
 fn background_threads_stop_when_the_client_and_its_guards_are_gone() {
     let server = RedisServer::start();
     let client = lock_client(&server, 150);
+    // A new thread names itself, so give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while threads_named("fencelock-renew") + threads_named("fencelock-wake") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "background threads never started"
+        );
+        thread::sleep(ms(10));
+    }
     assert_eq!(threads_named("fencelock-renew"), 1);
     assert_eq!(threads_named("fencelock-wake"), 1);
 

@@ -9,10 +9,16 @@
 --                      to ARGV[1] (a retry after a reply was lost) the lease is re-armed and the
 --                      current counter is returned: nobody else can have been granted since.
 --          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry)
+-- Errors   if the fence key holds no positive integer: nothing is set then. (Scripts do not
+--          roll back, so INCR runs before SET: a failing INCR must not leave a lock behind.)
 local holder = redis.call('GET', KEYS[1])
 if holder == false then
+  local token = redis.call('INCR', KEYS[2])
+  if token < 1 then
+    return redis.error_reply('ERR fencelock: fence counter ' .. KEYS[2] .. ' is not positive')
+  end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, redis.call('INCR', KEYS[2])}
+  return {1, token}
 end
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -40,7 +40,19 @@ pub(crate) fn acquire(
         .arg(millis(lease))
         .invoke(con)?;
     Ok(match granted {
-        1 => Acquire::Granted(FencingToken::new(u64::try_from(value).unwrap_or(0))),
+        1 => {
+            let token = u64::try_from(value)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or_else(|| {
+                    redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "fence counter is not a positive integer",
+                        format!("{value} at {}", keys.fence),
+                    ))
+                })?;
+            Acquire::Granted(FencingToken::new(token))
+        }
         _ if value < 0 => Acquire::Held(None),
         _ => Acquire::Held(Some(Duration::from_millis(value.unsigned_abs()))),
     })
