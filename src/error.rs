@@ -55,6 +55,29 @@ pub enum Error {
     #[error("redis did not reply within the response timeout; the command may still have run")]
     Timeout(#[source] redis::RedisError),
 
+    /// A fenced write carried a token lower than one the resource already accepted: the writer's
+    /// lock was taken over since. Nothing was written.
+    #[error("stale fencing token {token} for {resource:?}: {highest} was already accepted")]
+    StaleToken {
+        /// The resource written to.
+        resource: String,
+        /// The token the write carried.
+        token: crate::FencingToken,
+        /// The highest token the resource had accepted.
+        highest: crate::FencingToken,
+    },
+
+    /// The thread already holds this key through a non-reentrant guard: waiting would deadlock.
+    #[error("this thread already holds {key:?}; waiting for it would never end")]
+    WouldDeadlock {
+        /// The user key.
+        key: String,
+    },
+
+    /// The wait was cancelled through its cancel channel before the lock was granted.
+    #[error("waiting for the lock was cancelled")]
+    Cancelled,
+
     /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
     /// LOADING, a wrong type at a lock key, ...
     #[error("redis replied with an error")]
@@ -80,6 +103,21 @@ impl Error {
     /// The pool had no free connection within the connection timeout.
     pub fn is_pool_exhausted(&self) -> bool {
         matches!(self, Error::PoolExhausted { .. })
+    }
+
+    /// A fenced write was refused because a newer token was already accepted.
+    pub fn is_stale_token(&self) -> bool {
+        matches!(self, Error::StaleToken { .. })
+    }
+
+    /// The thread tried to lock a key it already holds through a non-reentrant guard.
+    pub fn is_would_deadlock(&self) -> bool {
+        matches!(self, Error::WouldDeadlock { .. })
+    }
+
+    /// The wait was cancelled before the lock was granted.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Error::Cancelled)
     }
 
     /// An argument or setting was rejected before any network call.

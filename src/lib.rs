@@ -87,6 +87,7 @@
 mod client;
 mod config;
 mod error;
+mod fenced;
 mod grant;
 mod guard;
 mod key;

@@ -1,0 +1,3 @@
+//! Benchmarks: see docs/benchmarks.md.
+
+fn main() {}

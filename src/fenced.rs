@@ -1,0 +1,1 @@
+//! Fenced storage on Redis: writes that a stale fencing token cannot apply.
