@@ -1,9 +1,11 @@
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use uuid::Uuid;
 
 use crate::config::{Builder, Config};
@@ -11,10 +13,12 @@ use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
+use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Command};
 use crate::scripts::{self, Acquire};
-use crate::wait::{self, Waiters, Wake};
+use crate::token::FencingToken;
+use crate::wait::{self, Waited, Waiters, Wake};
 
 /// A handle to lock keys on one Redis server.
 ///
@@ -49,6 +53,8 @@ pub struct LockClient {
 
 struct Inner {
     config: Config,
+    /// Which grant, taken by which thread, holds each key this client holds: the deadlock check.
+    holders: Mutex<HashMap<String, (u64, ThreadId)>>,
     pool: Pool,
     waiters: Arc<Waiters>,
     renewal: Sender<Command>,
@@ -93,6 +99,7 @@ impl LockClient {
                 waiters,
                 renewal,
                 next_grant: AtomicU64::new(0),
+                holders: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -106,14 +113,12 @@ impl LockClient {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty key or one longer than
-    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call. Connection errors,
-    /// timeouts and Redis errors end the wait rather than being retried forever.
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
+    /// [`Error::WouldDeadlock`] if this thread already holds `key` through this client (use
+    /// [`reentrant_lock`](LockClient::reentrant_lock) to nest). Connection errors, timeouts and
+    /// Redis errors end the wait rather than being retried forever.
     pub fn lock(&self, key: &str) -> Result<LockGuard> {
-        loop {
-            if let Some(guard) = self.acquire(key, None)? {
-                return Ok(guard);
-            }
-        }
+        self.lock_with(key, &LockOptions::new())
     }
 
     /// Takes the lock on `key` if it can be had within `timeout`; `Ok(None)` if not.
@@ -125,16 +130,77 @@ impl LockClient {
     /// # Errors
     /// As for [`lock`](LockClient::lock).
     pub fn try_lock(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard>> {
-        if timeout.is_zero() {
-            let keys = LockKeys::new(&self.inner.config.namespace, key)?;
-            let owner = new_owner();
-            let sent = Instant::now();
-            return Ok(match self.attempt(&keys, &owner)? {
-                Acquire::Granted(token) => Some(self.grant(keys, owner, token, sent)),
-                Acquire::Held(_) => None,
-            });
+        self.try_lock_with(key, timeout, &LockOptions::new())
+    }
+
+    /// [`lock`](LockClient::lock) with per-call [`LockOptions`]: a lease of its own, renewal
+    /// off, a maximum hold time, a cancel channel.
+    ///
+    /// # Errors
+    /// As for [`lock`](LockClient::lock); also [`Error::Cancelled`] when the wait was cancelled,
+    /// and [`Error::InvalidArgument`] for options out of range.
+    pub fn lock_with(&self, key: &str, options: &LockOptions) -> Result<LockGuard> {
+        loop {
+            if let Some(guard) = self.acquire(key, None, options)? {
+                return Ok(guard);
+            }
         }
-        self.acquire(key, Instant::now().checked_add(timeout))
+    }
+
+    /// [`try_lock`](LockClient::try_lock) with per-call [`LockOptions`].
+    ///
+    /// # Errors
+    /// As for [`lock_with`](LockClient::lock_with).
+    pub fn try_lock_with(
+        &self,
+        key: &str,
+        timeout: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        match Instant::now().checked_add(timeout) {
+            _ if timeout.is_zero() => self.acquire_once(key, options),
+            Some(deadline) => self.acquire(key, Some(deadline), options),
+            None => self.lock_with(key, options).map(Some),
+        }
+    }
+
+    /// Runs `f` under the lock on `key`, handing it the guard, and releases the lock when `f`
+    /// returns or panics. Waits for the lock as [`lock`](LockClient::lock) does.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # fn deduct(_: u64) -> u32 { 0 }
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let left = client.with_lock("stock:1", |guard| deduct(guard.token().as_u64()))?;
+    /// # let _ = left;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`lock`](LockClient::lock). Also [`Error::LockLost`] if the lock was found lost
+    /// when `f` returned: `f` ran to the end, but possibly not alone, so its value is dropped.
+    pub fn with_lock<T>(&self, key: &str, f: impl FnOnce(&LockGuard) -> T) -> Result<T> {
+        let guard = self.lock(key)?;
+        let value = f(&guard);
+        guard.unlock().map(|()| value)
+    }
+
+    /// [`with_lock`](LockClient::with_lock) that waits at most `timeout`; `Ok(None)` without
+    /// running `f` if the lock could not be had in time.
+    ///
+    /// # Errors
+    /// As for [`with_lock`](LockClient::with_lock).
+    pub fn try_with_lock<T>(
+        &self,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce(&LockGuard) -> T,
+    ) -> Result<Option<T>> {
+        let Some(guard) = self.try_lock(key, timeout)? else {
+            return Ok(None);
+        };
+        let value = f(&guard);
+        guard.unlock().map(|()| Some(value))
     }
 
     /// The namespace this client's keys live under.
@@ -142,17 +208,47 @@ impl LockClient {
         &self.inner.config.namespace
     }
 
-    /// The lease every grant of this client starts with.
+    /// The lease every grant of this client starts with, unless its options say otherwise.
     pub fn lease(&self) -> Duration {
         self.inner.config.lease
     }
 
-    /// Waits in the key's local queue, attempting whenever at its head and woken, until granted
-    /// or `deadline`.
-    fn acquire(&self, key: &str, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
+    /// Checks everything that needs no network: the key, the options, and that this thread does
+    /// not hold the key already.
+    fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
         let keys = LockKeys::new(&self.inner.config.namespace, key)?;
+        options.validate()?;
+        if self.held_by_this_thread(&keys.tag) {
+            return Err(Error::WouldDeadlock { key: keys.user });
+        }
+        if options.cancel.as_ref().is_some_and(is_ready) {
+            return Err(Error::Cancelled);
+        }
+        Ok(keys)
+    }
+
+    fn acquire_once(&self, key: &str, options: &LockOptions) -> Result<Option<LockGuard>> {
+        let keys = self.prepare(key, options)?;
         let owner = new_owner();
-        let lease = self.inner.config.lease;
+        let lease = options.lease.unwrap_or(self.inner.config.lease);
+        let sent = Instant::now();
+        Ok(match self.attempt(&keys, &owner, lease)? {
+            Acquire::Granted(token) => Some(self.grant(keys, owner, token, sent, options)),
+            Acquire::Held(_) => None,
+        })
+    }
+
+    /// Waits in the key's local queue, attempting whenever at its head and woken, until granted,
+    /// `deadline`, or cancelled.
+    fn acquire(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let keys = self.prepare(key, options)?;
+        let owner = new_owner();
+        let lease = options.lease.unwrap_or(self.inner.config.lease);
         let ticket = self.inner.waiters.join(&keys.tag);
         let mut attempt = ticket.is_head();
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
@@ -161,10 +257,10 @@ impl LockClient {
         loop {
             if attempt {
                 let sent = Instant::now();
-                match self.attempt(&keys, &owner)? {
+                match self.attempt(&keys, &owner, lease)? {
                     Acquire::Granted(token) => {
                         ticket.leave_granted();
-                        return Ok(Some(self.grant(keys, owner, token, sent)));
+                        return Ok(Some(self.grant(keys, owner, token, sent, options)));
                     }
                     Acquire::Held(pttl) => {
                         // A key without expiry was not set by fencelock; look again a lease later.
@@ -177,13 +273,14 @@ impl LockClient {
                 (Some(d), Some(h)) => Some(d.min(h)),
                 (d, h) => d.or(h),
             };
-            match ticket.wait(until) {
-                Some(Wake::Attempt) => attempt = true,
-                Some(Wake::HeadBehindLocalHolder) => {
+            match ticket.wait(until, options.cancel.as_ref()) {
+                Waited::Woken(Wake::Attempt) => attempt = true,
+                Waited::Woken(Wake::HeadBehindLocalHolder) => {
                     attempt = false;
-                    holder_expiry = Some(Instant::now() + lease);
+                    holder_expiry = Instant::now().checked_add(lease);
                 }
-                None => {
+                Waited::Cancelled => return Err(Error::Cancelled),
+                Waited::TimedOut => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Ok(None);
                     }
@@ -194,8 +291,7 @@ impl LockClient {
     }
 
     /// One run of the acquire script.
-    fn attempt(&self, keys: &LockKeys, owner: &str) -> Result<Acquire> {
-        let lease = self.inner.config.lease;
+    fn attempt(&self, keys: &LockKeys, owner: &str, lease: Duration) -> Result<Acquire> {
         self.inner.pool.run(
             |con, _retry| match scripts::acquire(con, keys, owner, lease) {
                 Err(e) if e.is_timeout() => {
@@ -215,27 +311,88 @@ impl LockClient {
         &self,
         keys: LockKeys,
         owner: String,
-        token: crate::FencingToken,
+        token: FencingToken,
         sent: Instant,
+        options: &LockOptions,
     ) -> LockGuard {
         let id = self.inner.next_grant.fetch_add(1, Ordering::Relaxed);
         log::debug!("fencelock: granted {:?} with token {token}", keys.user);
-        let (grant, lost) = Grant::new(id, keys, owner, token, self.inner.config.lease, sent);
+        let lease = options.lease.unwrap_or(self.inner.config.lease);
+        let (grant, lost) = Grant::new(
+            id,
+            keys,
+            owner,
+            token,
+            lease,
+            sent,
+            !options.no_renewal,
+            options.max_hold,
+        );
         let grant = Arc::new(grant);
-        // The renewal thread outlives every guard, so this only fails if it panicked; the guard
-        // still works, and its local deadline reports the lease lost when it runs out.
+        self.holders()
+            .insert(grant.keys.tag.clone(), (id, thread::current().id()));
+        // The renewal thread outlives every guard, so this only fails if it died: then nothing
+        // will renew this lease, and the holder must hear so now, not at the deadline.
         if self
             .inner
             .renewal
             .send(Command::Hold(Arc::clone(&grant)))
             .is_err()
         {
-            log::warn!(
-                "fencelock: renewal thread is gone; {:?} will not be renewed",
-                grant.keys.user
-            );
+            grant.mark_lost("the renewal thread is gone");
         }
         LockGuard::new(self.clone(), grant, lost)
+    }
+
+    fn holders(&self) -> MutexGuard<'_, HashMap<String, (u64, ThreadId)>> {
+        self.inner
+            .holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells clients apart (clones are one client): the address of the shared state, which
+    /// lives as long as the client or any of its guards.
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Whether the calling thread took `tag` through this client and still holds the guard.
+    pub(crate) fn held_by_this_thread(&self, tag: &str) -> bool {
+        self.holders()
+            .get(tag)
+            .is_some_and(|(_, thread)| *thread == thread::current().id())
+    }
+
+    /// Re-arms a grant's lease to `lease`, through the renewal thread's connection.
+    pub(crate) fn extend(&self, grant: &Arc<Grant>, lease: Duration) -> Result<()> {
+        let lost = || Error::LockLost {
+            key: grant.keys.user.clone(),
+        };
+        if !grant.is_held() {
+            return Err(lost());
+        }
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        let command = Command::Extend {
+            grant: Arc::clone(grant),
+            lease,
+            reply,
+        };
+        if self.inner.renewal.send(command).is_err() {
+            return Err(lost());
+        }
+        // The renewal thread bounds each of its round trips by the response timeout; allow for
+        // one renewal batch ahead of ours.
+        let patience =
+            self.inner.config.response_timeout * 3 + self.inner.config.connection_timeout;
+        match answer.recv_timeout(patience) {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(lost()),
+            Ok(Err(e)) => Err(Error::from_redis(e)),
+            Err(_) => Err(Error::Connection(
+                "the renewal thread did not answer in time".into(),
+            )),
+        }
     }
 
     /// Releases a grant: stops its renewal, then compare-and-delete. Logs failures at warn, so
@@ -243,6 +400,15 @@ impl LockClient {
     pub(crate) fn release(&self, grant: &Grant) -> Result<()> {
         grant.end();
         let _ = self.inner.renewal.send(Command::Forget(grant.id));
+        {
+            let mut holders = self.holders();
+            if holders
+                .get(&grant.keys.tag)
+                .is_some_and(|(id, _)| *id == grant.id)
+            {
+                holders.remove(&grant.keys.tag);
+            }
+        }
         let user = &grant.keys.user;
         let mut reply_lost = false;
         let released = self.inner.pool.run(|con, retry| {
@@ -278,6 +444,10 @@ impl LockClient {
             }
         }
     }
+}
+
+fn is_ready(cancel: &Receiver<()>) -> bool {
+    !matches!(cancel.try_recv(), Err(TryRecvError::Empty))
 }
 
 /// A fresh owner id for every lock call: never reused, and not derivable from the key.

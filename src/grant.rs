@@ -16,15 +16,29 @@ pub(crate) struct Grant {
     /// The uuid stored at the lock key. Never logged above debug, never shown by `Debug`.
     pub(crate) owner: String,
     pub(crate) token: FencingToken,
-    pub(crate) lease: Duration,
-    /// When the last round trip that confirmed the lease (the grant or a renewal) was *sent*:
-    /// Redis set the TTL no earlier, so the lease runs at least until `confirmed + lease`.
-    confirmed: Mutex<Instant>,
+    /// Whether the renewal thread keeps the lease alive (`LockOptions::renew`).
+    pub(crate) auto_renew: bool,
+    /// Renewal stops here (`LockOptions::max_hold`); the lease then runs out.
+    pub(crate) renew_until: Option<Instant>,
+    /// The last round trip that confirmed the lease (the grant, a renewal or an extend): when it
+    /// was *sent*, and the lease it set. Redis set the TTL no earlier than the send, so the lease
+    /// runs at least until `sent + lease`.
+    confirmed: Mutex<Confirmed>,
     lost: AtomicBool,
     /// Set when the guard starts releasing: loss found after that is not news to anyone.
     ended: AtomicBool,
     /// Dropped (after one message) when the grant is lost; the guard holds the receiver.
     lost_tx: Mutex<Option<Sender<()>>>,
+}
+
+#[derive(Clone, Copy)]
+struct Confirmed {
+    sent: Instant,
+    lease: Duration,
+}
+
+fn deadline_of(c: Confirmed) -> Instant {
+    c.sent + c.lease.saturating_sub(drift_margin(c.lease))
 }
 
 /// How much earlier than Redis the local deadline gives up the lock: Redis' own Redlock margin,
@@ -34,6 +48,7 @@ pub(crate) fn drift_margin(lease: Duration) -> Duration {
 }
 
 impl Grant {
+    #[allow(clippy::too_many_arguments)] // one call site, each argument a distinct fact of the grant
     pub(crate) fn new(
         id: u64,
         keys: LockKeys,
@@ -41,6 +56,8 @@ impl Grant {
         token: FencingToken,
         lease: Duration,
         sent: Instant,
+        auto_renew: bool,
+        max_hold: Option<Duration>,
     ) -> (Grant, Receiver<()>) {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let grant = Grant {
@@ -48,8 +65,9 @@ impl Grant {
             keys,
             owner,
             token,
-            lease,
-            confirmed: Mutex::new(sent),
+            auto_renew,
+            renew_until: max_hold.and_then(|d| sent.checked_add(d)),
+            confirmed: Mutex::new(Confirmed { sent, lease }),
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_tx: Mutex::new(Some(tx)),
@@ -57,17 +75,27 @@ impl Grant {
         (grant, rx)
     }
 
-    pub(crate) fn confirmed(&self) -> Instant {
+    fn confirmed(&self) -> Confirmed {
         *self
             .confirmed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A renewal sent at `sent` succeeded. Returns false, and marks the grant lost, if the local
-    /// deadline passed before the reply came: once `is_held()` could have said false, it must
-    /// never say true again.
-    pub(crate) fn confirm(&self, sent: Instant) -> bool {
+    /// The lease the last confirmation set; renewals re-arm this much.
+    pub(crate) fn lease(&self) -> Duration {
+        self.confirmed().lease
+    }
+
+    /// When the last confirmation was sent.
+    pub(crate) fn confirmed_at(&self) -> Instant {
+        self.confirmed().sent
+    }
+
+    /// A renewal or extend sent at `sent`, setting `lease`, succeeded. Returns false, and marks
+    /// the grant lost, if the local deadline passed before the reply came: once `is_held()` could
+    /// have said false, it must never say true again.
+    pub(crate) fn confirm(&self, sent: Instant, lease: Duration) -> bool {
         let mut confirmed = self
             .confirmed
             .lock()
@@ -75,23 +103,22 @@ impl Grant {
         if self.lost.load(Ordering::Acquire) {
             return false;
         }
-        if Instant::now() >= *confirmed + self.valid_for() {
+        if Instant::now() >= deadline_of(*confirmed) {
             drop(confirmed);
             self.mark_lost("its lease ran out before a renewal was confirmed");
             return false;
         }
-        *confirmed = (*confirmed).max(sent);
+        // All extends of a grant go out on the renewal thread's one connection, in order, so the
+        // latest sent is the one Redis applied last.
+        if sent >= confirmed.sent {
+            *confirmed = Confirmed { sent, lease };
+        }
         true
     }
 
     /// The local end of the lease, on the monotonic clock.
     pub(crate) fn deadline(&self) -> Instant {
-        self.confirmed() + self.valid_for()
-    }
-
-    /// How long a confirmation keeps the lease valid locally.
-    fn valid_for(&self) -> Duration {
-        self.lease.saturating_sub(drift_margin(self.lease))
+        deadline_of(self.confirmed())
     }
 
     /// Loss is one-way: past the deadline the grant is marked lost, by whoever notices first.

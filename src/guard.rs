@@ -5,6 +5,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use crate::client::LockClient;
+use crate::config::validate_lease;
 use crate::error::Result;
 use crate::grant::Grant;
 use crate::token::FencingToken;
@@ -57,7 +58,7 @@ impl LockGuard {
 
     /// The lease this grant was taken with.
     pub fn lease(&self) -> Duration {
-        self.grant.lease
+        self.grant.lease()
     }
 
     /// Whether the lock is still ours, as far as this process can know without asking Redis.
@@ -93,6 +94,20 @@ impl LockGuard {
     /// ```
     pub fn lost(&self) -> &Receiver<()> {
         &self.lost
+    }
+
+    /// Re-arms the lease to `lease` from now, if the lock is still ours; renewal (if on) keeps
+    /// re-arming this lease from then on. Useful with renewal off
+    /// ([`LockOptions::renew`](crate::LockOptions::renew)), or to lengthen a lease before a step
+    /// that may stall.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of range, before
+    /// any network call; [`Error::LockLost`](crate::Error::LockLost) if the lock is no longer
+    /// ours; connection errors and timeouts as for any command.
+    pub fn extend(&self, lease: Duration) -> Result<()> {
+        validate_lease(lease)?;
+        self.client.extend(&self.grant, lease)
     }
 
     /// Releases the lock now.

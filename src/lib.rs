@@ -62,6 +62,29 @@
 //! # }
 //! ```
 //!
+//! # Options, reentrancy and closures
+//!
+//! [`LockClient::lock_with`] takes [`LockOptions`]: a lease of its own, renewal off, a maximum
+//! hold time, or a cancel channel. [`LockClient::with_lock`] runs a closure under a lock and
+//! releases it on return or panic. [`LockClient::reentrant_lock`] nests on one thread, sharing
+//! one grant and token; a plain [`LockClient::lock`] of a key the thread already holds returns
+//! [`Error::WouldDeadlock`] instead of waiting for itself.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! use std::time::Duration;
+//! use fencelock::{LockClient, LockOptions};
+//!
+//! let client = LockClient::new("redis://127.0.0.1:6379/")?;
+//! let guard = client.lock_with(
+//!     "report",
+//!     &LockOptions::new().lease(Duration::from_secs(5)).max_hold(Duration::from_secs(600)),
+//! )?;
+//! guard.extend(Duration::from_secs(20))?; // before a step that may stall
+//! guard.unlock()?;
+//! # Ok(()) }
+//! ```
+//!
 //! # Errors
 //!
 //! Every fallible call returns [`Error`]; bad input (an empty key, a zero lease, a zero pool
@@ -91,7 +114,9 @@ mod fenced;
 mod grant;
 mod guard;
 mod key;
+mod options;
 mod pool;
+mod reentrant;
 mod renewal;
 mod scripts;
 mod token;
@@ -102,6 +127,8 @@ pub use crate::config::{Builder, MAX_LEASE, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_LEAS
 pub use crate::error::{Error, Result};
 pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
+pub use crate::options::LockOptions;
+pub use crate::reentrant::ReentrantGuard;
 pub use crate::token::FencingToken;
 
 /// Re-exported so that `lost()` receivers can be used with `select!` without a direct

@@ -29,10 +29,17 @@ const BATCH: usize = 1000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(5);
 
 pub(crate) enum Command {
-    /// Keep this grant's lease alive until told otherwise.
+    /// Track this grant: renew it if it wants renewal, report its loss either way.
     Hold(Arc<Grant>),
-    /// Stop renewing the grant with this id (it is being released).
+    /// Stop tracking the grant with this id (it is being released).
     Forget(u64),
+    /// Re-arm this grant's lease to `lease` now, and answer whether it was still ours. Runs
+    /// here so that every PEXPIRE of a grant goes out on one connection, in order.
+    Extend {
+        grant: Arc<Grant>,
+        lease: Duration,
+        reply: Sender<redis::RedisResult<bool>>,
+    },
 }
 
 struct Held {
@@ -47,7 +54,7 @@ struct Renewer {
     response_timeout: Duration,
     con: Option<redis::Connection>,
     held: HashMap<u64, Held>,
-    /// `(next renewal, id)` of every held grant.
+    /// `(next renewal, id)` of every grant that is renewed.
     renewals: BTreeSet<(Instant, u64)>,
     /// `(local deadline, id)` of every held grant.
     deadlines: BTreeSet<(Instant, u64)>,
@@ -104,9 +111,8 @@ impl Renewer {
         match command {
             Command::Hold(grant) => {
                 let id = grant.id;
-                let next = grant.confirmed() + grant.lease / 3;
                 let deadline = grant.deadline();
-                self.renewals.insert((next, id));
+                let next = grant.confirmed_at() + grant.lease() / 3;
                 self.deadlines.insert((deadline, id));
                 self.held.insert(
                     id,
@@ -116,9 +122,17 @@ impl Renewer {
                         deadline,
                     },
                 );
+                self.reschedule(id, next);
             }
             Command::Forget(id) => {
                 self.remove(id);
+            }
+            Command::Extend {
+                grant,
+                lease,
+                reply,
+            } => {
+                let _ = reply.send(self.extend_one(&grant, lease));
             }
         }
     }
@@ -137,7 +151,14 @@ impl Renewer {
                 break;
             }
             if let Some(grant) = self.remove(id) {
-                grant.mark_lost("its lease ran out before a renewal was confirmed");
+                let why = if grant.renew_until.is_some_and(|until| until <= now) {
+                    "its maximum hold time passed, so renewal stopped"
+                } else if grant.auto_renew {
+                    "its lease ran out before a renewal was confirmed"
+                } else {
+                    "its lease ran out (renewal is off for it)"
+                };
+                grant.mark_lost(why);
             }
         }
     }
@@ -150,7 +171,7 @@ impl Renewer {
             .iter()
             .map_while(|(next, id)| {
                 let grant = &self.held.get(id)?.grant;
-                (*next <= now + grant.lease / 6).then(|| Arc::clone(grant))
+                (*next <= now + grant.lease() / 6).then(|| Arc::clone(grant))
             })
             .collect();
         for batch in due.chunks(BATCH) {
@@ -169,7 +190,8 @@ impl Renewer {
 
     fn renew(&mut self, batch: &[Arc<Grant>]) {
         let sent = Instant::now();
-        let replies = match self.extend_all(batch) {
+        let leases: Vec<Duration> = batch.iter().map(|g| g.lease()).collect();
+        let replies = match self.extend_all(batch, &leases) {
             Ok(replies) => replies,
             Err(e) => {
                 log::debug!(
@@ -177,51 +199,82 @@ impl Renewer {
                     batch.len()
                 );
                 self.con = None;
-                for grant in batch {
-                    self.reschedule(grant.id, sent + retry_delay(grant.lease));
+                for (grant, lease) in batch.iter().zip(&leases) {
+                    self.reschedule(grant.id, sent + retry_delay(*lease));
                 }
                 return;
             }
         };
-        for (grant, reply) in batch.iter().zip(replies) {
-            match reply {
-                Ok(true) => {
-                    if grant.confirm(sent) {
-                        self.confirmed(grant, sent);
-                    } else {
-                        self.remove(grant.id);
-                    }
+        for ((grant, lease), reply) in batch.iter().zip(leases).zip(replies) {
+            self.settle(grant, sent, lease, reply);
+        }
+    }
+
+    /// Books the reply to one extend sent at `sent`.
+    fn settle(
+        &mut self,
+        grant: &Arc<Grant>,
+        sent: Instant,
+        lease: Duration,
+        reply: redis::RedisResult<bool>,
+    ) {
+        match reply {
+            Ok(true) => {
+                if !grant.confirm(sent, lease) {
+                    self.remove(grant.id);
+                    return;
                 }
-                Ok(false) => {
-                    if self.remove(grant.id).is_some() {
-                        grant.mark_lost("redis reports the key gone or owned by another");
-                    }
+                if let Some(held) = self.held.get_mut(&grant.id) {
+                    self.deadlines.remove(&(held.deadline, grant.id));
+                    held.deadline = grant.deadline();
+                    self.deadlines.insert((held.deadline, grant.id));
                 }
-                Err(e) => {
-                    // This key alone is broken (a wrong type at the lock key, say): it cannot be
-                    // renewed, while the rest of the batch can.
-                    if self.remove(grant.id).is_some() {
-                        grant.mark_lost(&format!("redis refused to renew it: {e}"));
-                    }
+                self.reschedule(grant.id, sent + lease / 3);
+            }
+            Ok(false) => {
+                if self.remove(grant.id).is_some() {
+                    grant.mark_lost("redis reports the key gone or owned by another");
+                }
+            }
+            Err(e) => {
+                // This key alone is broken (a wrong type at the lock key, say): it cannot be
+                // renewed, while the rest of a batch can.
+                if self.remove(grant.id).is_some() {
+                    grant.mark_lost(&format!("redis refused to renew it: {e}"));
                 }
             }
         }
     }
 
-    fn confirmed(&mut self, grant: &Grant, sent: Instant) {
-        if let Some(held) = self.held.get_mut(&grant.id) {
-            self.deadlines.remove(&(held.deadline, grant.id));
-            held.deadline = grant.deadline();
-            self.deadlines.insert((held.deadline, grant.id));
+    /// An explicit extend. A connection failure is only reported: the grant stays tracked, and
+    /// its renewal (if on) or its deadline takes its course.
+    fn extend_one(&mut self, grant: &Arc<Grant>, lease: Duration) -> redis::RedisResult<bool> {
+        if !self.held.contains_key(&grant.id) {
+            return Ok(false);
         }
-        self.reschedule(grant.id, sent + grant.lease / 3);
+        let sent = Instant::now();
+        let reply = self
+            .connection(std::slice::from_ref(grant))
+            .and_then(|con| scripts::extend(con, &grant.keys, &grant.owner, lease));
+        if let Err(e) = &reply {
+            if e.is_io_error() || e.is_timeout() {
+                self.con = None;
+                return reply;
+            }
+        }
+        self.settle(grant, sent, lease, reply.clone());
+        reply.map(|extended| extended && grant.is_held())
     }
 
+    /// Schedules the next renewal, unless the grant is not renewed or is past its maximum hold.
     fn reschedule(&mut self, id: u64, next: Instant) {
         if let Some(held) = self.held.get_mut(&id) {
             self.renewals.remove(&(held.next, id));
             held.next = next;
-            self.renewals.insert((next, id));
+            let grant = &held.grant;
+            if grant.auto_renew && grant.renew_until.is_none_or(|until| next < until) {
+                self.renewals.insert((next, id));
+            }
         }
     }
 
@@ -230,11 +283,12 @@ impl Renewer {
     fn extend_all(
         &mut self,
         batch: &[Arc<Grant>],
+        leases: &[Duration],
     ) -> redis::RedisResult<Vec<redis::RedisResult<bool>>> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for grant in batch {
-            scripts::pipe_extend(&mut pipe, &grant.keys, &grant.owner, grant.lease);
+        for (grant, lease) in batch.iter().zip(leases) {
+            scripts::pipe_extend(&mut pipe, &grant.keys, &grant.owner, *lease);
         }
         let con = self.connection(batch)?;
         let replies: Vec<redis::RedisResult<bool>> = pipe.query(con)?;
@@ -251,15 +305,15 @@ impl Renewer {
     }
 
     fn connection(&mut self, batch: &[Arc<Grant>]) -> redis::RedisResult<&mut redis::Connection> {
-        // A reply that arrives after a third of the shortest lease is too late to be useful:
-        // time out and reconnect while the leases can still be saved. Connecting is bounded the
-        // same way, so the thread is never stuck past a deadline it has to report.
-        let shortest = batch
-            .iter()
-            .map(|g| g.lease)
-            .min()
-            .unwrap_or(self.response_timeout);
-        let timeout = (shortest / 3).max(MIN_TIMEOUT).min(self.response_timeout);
+        // A reply is worth waiting for until the first deadline in the batch: after that it can
+        // no longer save that lease, and the thread has a loss to report. Connecting is bounded
+        // the same way, so the thread is never stuck past a deadline it has to report.
+        let now = Instant::now();
+        let first_deadline = batch.iter().map(|g| g.deadline()).min().unwrap_or(now);
+        let timeout = first_deadline
+            .saturating_duration_since(now)
+            .max(MIN_TIMEOUT)
+            .min(self.response_timeout);
         let con = match self.con.take() {
             Some(con) => con,
             None => {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Select, Sender};
 
 /// Why a waiter was woken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -26,6 +26,13 @@ pub(crate) enum Wake {
     HeadBehindLocalHolder,
     /// The key may be free: try now.
     Attempt,
+}
+
+/// How a wait ended.
+pub(crate) enum Waited {
+    Woken(Wake),
+    TimedOut,
+    Cancelled,
 }
 
 struct Slot {
@@ -94,15 +101,32 @@ impl Ticket {
             .is_some_and(|head| Arc::ptr_eq(head, &self.slot))
     }
 
-    /// Blocks until woken or until `until`; `None` on timeout. Several wakes that piled up count
-    /// as the strongest of them.
-    pub(crate) fn wait(&self, until: Option<Instant>) -> Option<Wake> {
-        let first = match until {
-            Some(until) => self.rx.recv_deadline(until).ok()?,
-            // The sender lives in our own slot, so this only returns on a wake.
-            None => self.rx.recv().ok()?,
+    /// Blocks until woken, until `until`, or until `cancel` is ready (a message or its
+    /// disconnection). Several wakes that piled up count as the strongest of them.
+    pub(crate) fn wait(&self, until: Option<Instant>, cancel: Option<&Receiver<()>>) -> Waited {
+        let mut select = Select::new();
+        let wake = select.recv(&self.rx);
+        if let Some(cancel) = cancel {
+            select.recv(cancel);
+        }
+        let op = match until {
+            Some(until) => match select.select_deadline(until) {
+                Ok(op) => op,
+                Err(_) => return Waited::TimedOut,
+            },
+            None => select.select(),
         };
-        Some(self.rx.try_iter().fold(first, Wake::max))
+        if op.index() != wake {
+            if let Some(cancel) = cancel {
+                let _ = op.recv(cancel);
+            }
+            return Waited::Cancelled;
+        }
+        match op.recv(&self.rx) {
+            Ok(first) => Waited::Woken(self.rx.try_iter().fold(first, Wake::max)),
+            // The sender lives in our own slot, so the channel cannot disconnect.
+            Err(_) => Waited::TimedOut,
+        }
     }
 
     /// Leaves the queue as the winner: the next in line waits for our release.

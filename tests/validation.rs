@@ -77,6 +77,7 @@ fn bad_keys_are_rejected_before_any_network_call() {
 fn keys_with_braces_control_bytes_and_unicode_are_distinct_locks() {
     let server = RedisServer::start();
     let client = lock_client(&server, 30_000);
+    let rival = lock_client(&server, 30_000);
     let keys = [
         "{",
         "}",
@@ -95,7 +96,7 @@ fn keys_with_braces_control_bytes_and_unicode_are_distinct_locks() {
         assert_eq!(guard.key(), key);
         assert!(guard.is_held());
         assert!(
-            client.try_lock(key, Duration::ZERO).unwrap().is_none(),
+            rival.try_lock(key, Duration::ZERO).unwrap().is_none(),
             "{key:?}"
         );
     }

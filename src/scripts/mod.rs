@@ -72,6 +72,20 @@ pub(crate) fn release(
         .invoke(con)
 }
 
+/// Compare-and-pexpire; `true` when the lock was ours and its lease is re-armed.
+pub(crate) fn extend(
+    con: &mut dyn ConnectionLike,
+    keys: &LockKeys,
+    owner: &str,
+    lease: Duration,
+) -> RedisResult<bool> {
+    EXTEND
+        .key(&keys.lock)
+        .arg(owner)
+        .arg(millis(lease))
+        .invoke(con)
+}
+
 /// Adds one extend call to a pipeline, by EVALSHA; the caller loads the script on NOSCRIPT.
 pub(crate) fn pipe_extend(
     pipe: &mut redis::Pipeline,

@@ -1,0 +1,85 @@
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+use crate::config::validate_lease;
+use crate::error::{Error, Result};
+
+/// Settings for one lock call, for [`LockClient::lock_with`](crate::LockClient::lock_with) and
+/// [`try_lock_with`](crate::LockClient::try_lock_with); every setting defaults to the client's.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use fencelock::{LockClient, LockOptions};
+///
+/// # fn main() -> Result<(), fencelock::Error> {
+/// let client = LockClient::new("redis://127.0.0.1:6379/")?;
+/// let (cancel, cancelled) = fencelock::crossbeam_channel::bounded(1);
+/// let options = LockOptions::new()
+///     .lease(Duration::from_secs(5))
+///     .max_hold(Duration::from_secs(60))
+///     .cancel(cancelled);
+/// // Another thread may `cancel.send(())` to make this wait give up with Error::Cancelled.
+/// # drop(cancel);
+/// let guard = client.lock_with("batch-job", &options)?;
+/// # drop(guard);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use = "options do nothing until passed to lock_with or try_lock_with"]
+pub struct LockOptions {
+    pub(crate) lease: Option<Duration>,
+    pub(crate) no_renewal: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) cancel: Option<Receiver<()>>,
+}
+
+impl LockOptions {
+    /// Options that change nothing: the client's lease, with renewal, without limits.
+    pub fn new() -> LockOptions {
+        LockOptions::default()
+    }
+
+    /// The lease of this grant, instead of the client's; the same range applies
+    /// ([`MIN_LEASE`](crate::MIN_LEASE) to [`MAX_LEASE`](crate::MAX_LEASE), whole milliseconds).
+    pub fn lease(mut self, lease: Duration) -> LockOptions {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Whether the renewal thread keeps the lease alive while the guard lives. Defaults to
+    /// `true`. Without renewal the lock expires one lease after the grant (or after the last
+    /// [`LockGuard::extend`](crate::LockGuard::extend)), and the guard reports it lost then.
+    pub fn renew(mut self, renew: bool) -> LockOptions {
+        self.no_renewal = !renew;
+        self
+    }
+
+    /// Bounds how long renewal keeps this lock: once `max_hold` has passed since the grant,
+    /// renewal stops, the lease runs out within one more lease, and the guard reports the lock
+    /// lost through [`is_held`](crate::LockGuard::is_held) and [`lost`](crate::LockGuard::lost).
+    /// A hold that ends before is unaffected. This is the seeds' "maximum renewal count",
+    /// measured in time: `max_hold = lease / 3 × count`. Unbounded by default.
+    pub fn max_hold(mut self, max_hold: Duration) -> LockOptions {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Makes the wait cancellable: when `cancel` receives a message, or all its senders are
+    /// dropped, the call gives up with [`Error::Cancelled`] and leaves no lock behind. Send `()`
+    /// to cancel one wait; drop the sender to cancel every wait that shares the receiver.
+    pub fn cancel(mut self, cancel: Receiver<()>) -> LockOptions {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(lease) = self.lease {
+            validate_lease(lease)?;
+        }
+        if self.max_hold.is_some_and(|d| d.is_zero()) {
+            return Err(Error::invalid("max hold", "must be more than zero"));
+        }
+        Ok(())
+    }
+}

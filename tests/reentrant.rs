@@ -1,0 +1,115 @@
+//! Reentrancy: nested grants share one token, only the outermost release releases, and the plain
+//! lock refuses a same-thread re-lock instead of waiting forever.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{lock_client, ms, RedisServer};
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    let mut con = server.connection();
+    redis::cmd("EXISTS")
+        .arg(format!("test:lock:{{{key}}}"))
+        .query(&mut con)
+        .unwrap()
+}
+
+#[test]
+fn nested_guards_share_the_token_and_the_last_one_releases() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let rival = lock_client(&server, 30_000);
+
+    let guards: Vec<_> = (0..5)
+        .map(|_| client.reentrant_lock("nest").unwrap())
+        .collect();
+    assert!(guards.iter().all(|g| g.token() == guards[0].token()));
+    assert_eq!(guards[0].hold_count(), 5);
+
+    // Release in an order that is neither LIFO nor FIFO; the lock stays until the last.
+    let mut guards: Vec<_> = guards.into_iter().map(Some).collect();
+    for i in [2, 0, 4, 1] {
+        guards[i].take().unwrap().unlock().unwrap();
+        assert!(exists(&server, "nest"), "released after dropping guard {i}");
+        assert!(rival.try_lock("nest", Duration::ZERO).unwrap().is_none());
+    }
+    let last = guards[3].take().unwrap();
+    assert_eq!(last.hold_count(), 1);
+    last.unlock().unwrap();
+    assert!(!exists(&server, "nest"));
+
+    // A fresh reentrant lock after full release is a new grant with a higher token.
+    let again = client.reentrant_lock("nest").unwrap();
+    assert_eq!(again.hold_count(), 1);
+    drop(again);
+    assert!(
+        !exists(&server, "nest"),
+        "drop of the last share must release"
+    );
+}
+
+#[test]
+fn interleaved_keys_keep_separate_counts() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let a1 = client.reentrant_lock("a").unwrap();
+    let b1 = client.reentrant_lock("b").unwrap();
+    let a2 = client.reentrant_lock("a").unwrap();
+    let b2 = client.reentrant_lock("b").unwrap();
+    let a3 = client.reentrant_lock("a").unwrap();
+    assert_eq!((a1.hold_count(), b1.hold_count()), (3, 2));
+    drop(b1);
+    drop(a3);
+    assert_eq!((a2.hold_count(), b2.hold_count()), (2, 1));
+    drop(b2);
+    assert!(!exists(&server, "b"));
+    assert!(exists(&server, "a"));
+    drop(a1);
+    drop(a2);
+    assert!(!exists(&server, "a"));
+}
+
+#[test]
+fn another_thread_or_client_does_not_share_the_hold() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let held = client.reentrant_lock("mine").unwrap();
+    let other_thread = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let got = client.try_lock("mine", ms(200)).unwrap();
+            got.is_none()
+        })
+    };
+    assert!(
+        other_thread.join().unwrap(),
+        "another thread entered a held reentrant lock"
+    );
+    let other_client = lock_client(&server, 30_000);
+    assert!(other_client
+        .try_lock("mine", Duration::ZERO)
+        .unwrap()
+        .is_none());
+    drop(held);
+}
+
+#[test]
+fn plain_lock_refuses_a_same_thread_relock() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let guard = client.lock("once").unwrap();
+    let err = client.lock("once").unwrap_err();
+    assert!(err.is_would_deadlock(), "{err:?}");
+    let err = client.try_lock("once", ms(100)).unwrap_err();
+    assert!(err.is_would_deadlock(), "{err:?}");
+    let err = client.reentrant_lock("once").unwrap_err();
+    assert!(err.is_would_deadlock(), "{err:?}");
+    // A reentrant hold also refuses a plain re-lock.
+    let nested = client.reentrant_lock("twice").unwrap();
+    assert!(client.lock("twice").unwrap_err().is_would_deadlock());
+    drop(nested);
+    // After release the same thread locks again normally.
+    guard.unlock().unwrap();
+    client.lock("once").unwrap().unlock().unwrap();
+}
