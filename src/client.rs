@@ -290,21 +290,43 @@ impl LockClient {
         }
     }
 
-    /// One run of the acquire script.
+    /// One run of the acquire script (and WAIT, if replica acks are required).
     fn attempt(&self, keys: &LockKeys, owner: &str, lease: Duration) -> Result<Acquire> {
-        self.inner.pool.run(
-            |con, _retry| match scripts::acquire(con, keys, owner, lease) {
+        enum Outcome {
+            Found(Acquire),
+            Unreplicated { acked: u32, required: u32 },
+        }
+        let acks = self.inner.config.replica_acks;
+        let outcome = self.inner.pool.run(|con, _retry| {
+            match scripts::acquire(con, keys, owner, lease, acks) {
                 Err(e) if e.is_timeout() => {
                     // The script may still run and grant us the lock we are about to report as
                     // not taken. A compare-and-delete sent on the same connection runs after it,
-                    // whatever it did. (A retry of the whole closure after a broken connection is
-                    // safe too: the script treats a lock already ours as granted.)
+                    // whatever it did. (A retry of the whole closure after a broken connection
+                    // is safe too: the script treats a lock already ours as granted.)
                     let _ = scripts::release(con, keys, owner);
                     Err(e)
                 }
-                other => other,
-            },
-        )
+                Err(e) => Err(e),
+                Ok((found, acked)) => match (found, acks, acked) {
+                    (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
+                        // Too few replicas have it, so a failover could lose it: give it back.
+                        scripts::release(con, keys, owner)?;
+                        Ok(Outcome::Unreplicated {
+                            acked,
+                            required: acks.replicas,
+                        })
+                    }
+                    (found, ..) => Ok(Outcome::Found(found)),
+                },
+            }
+        })?;
+        match outcome {
+            Outcome::Found(found) => Ok(found),
+            Outcome::Unreplicated { acked, required } => {
+                Err(Error::NotReplicated { acked, required })
+            }
+        }
     }
 
     fn grant(

@@ -3,6 +3,7 @@ use std::time::Duration;
 use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::key::validate_namespace;
+use crate::scripts::ReplicaAcks;
 
 /// Shortest lease accepted by [`Builder::lease`].
 pub const MIN_LEASE: Duration = Duration::from_millis(10);
@@ -43,6 +44,7 @@ pub(crate) struct Config {
     pub(crate) pool_size: u32,
     pub(crate) connection_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    pub(crate) replica_acks: Option<ReplicaAcks>,
 }
 
 impl Builder {
@@ -55,6 +57,7 @@ impl Builder {
                 pool_size: 16,
                 connection_timeout: Duration::from_secs(5),
                 response_timeout: Duration::from_secs(5),
+                replica_acks: None,
             },
         }
     }
@@ -103,6 +106,19 @@ impl Builder {
         self
     }
 
+    /// Makes every grant wait until at least `replicas` replicas have it, for at most `timeout`:
+    /// the acquire script and a `WAIT replicas timeout` go out in one pipeline on one connection,
+    /// so the count is for this very grant. A grant acknowledged by fewer replicas in time is
+    /// released and reported as [`Error::NotReplicated`], never as held: after a failover to a
+    /// replica, an acknowledged grant (its lock and its token) is still there.
+    ///
+    /// `replicas` from 1; `timeout` greater than zero and shorter than the response timeout, as
+    /// the WAIT shares the connection's reply budget. Off by default.
+    pub fn min_replica_acks(mut self, replicas: u32, timeout: Duration) -> Builder {
+        self.config.replica_acks = Some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
     /// Validates every setting and starts the client: its pool, its renewal thread and its
     /// pub/sub connection. Connections are made lazily, so Redis need not be up yet.
     ///
@@ -138,6 +154,23 @@ impl Config {
         }
         validate_timeout("connection timeout", self.connection_timeout)?;
         validate_timeout("response timeout", self.response_timeout)?;
+        if let Some(acks) = self.replica_acks {
+            if acks.replicas == 0 {
+                return Err(Error::invalid(
+                    "replica acks",
+                    "at least one replica is required",
+                ));
+            }
+            if acks.timeout.is_zero() || acks.timeout >= self.response_timeout {
+                return Err(Error::invalid(
+                    "replica ack timeout",
+                    format!(
+                        "is {:?}; it must be more than zero and shorter than the response timeout ({:?})",
+                        acks.timeout, self.response_timeout
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }

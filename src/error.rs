@@ -78,6 +78,18 @@ pub enum Error {
     #[error("waiting for the lock was cancelled")]
     Cancelled,
 
+    /// The grant reached fewer replicas than
+    /// [`Builder::min_replica_acks`](crate::Builder::min_replica_acks) requires within its
+    /// timeout. It was released again (compare-and-delete) and never reported as held; a
+    /// failover now could have lost it.
+    #[error("the grant reached {acked} of the {required} replicas required; it was released")]
+    NotReplicated {
+        /// Replicas that acknowledged the grant in time.
+        acked: u32,
+        /// Replicas required.
+        required: u32,
+    },
+
     /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
     /// LOADING, a wrong type at a lock key, ...
     #[error("redis replied with an error")]
@@ -123,6 +135,21 @@ impl Error {
     /// An argument or setting was rejected before any network call.
     pub fn is_invalid_argument(&self) -> bool {
         matches!(self, Error::InvalidArgument { .. })
+    }
+
+    /// The grant was not acknowledged by enough replicas, and was released.
+    pub fn is_not_replicated(&self) -> bool {
+        matches!(self, Error::NotReplicated { .. })
+    }
+
+    /// The code of the error Redis replied with, such as `"READONLY"` (a replica), `"OOM"`
+    /// (maxmemory reached), `"BUSY"` (a script running too long), `"LOADING"` (a restart still
+    /// loading its data), `"NOREPLICAS"` (`min-replicas-to-write` unmet) or `"NOPERM"` (ACL).
+    pub fn redis_code(&self) -> Option<&str> {
+        match self {
+            Error::Redis(e) => e.code(),
+            _ => None,
+        }
     }
 
     /// The Redis error behind this error, if Redis replied with one or a command timed out.

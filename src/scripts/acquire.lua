@@ -5,17 +5,28 @@
 -- ARGV[1]  owner id   a fresh uuid v4 per lock() call
 -- ARGV[2]  lease      in milliseconds
 --
--- Returns  {1, token}  granted; token is the counter after INCR. If the lock already belongs
---                      to ARGV[1] (a retry after a reply was lost) the lease is re-armed and the
---                      current counter is returned: nobody else can have been granted since.
+-- Returns  {1, token}  granted; token is the counter after INCR, lifted to the server clock in
+--                      microseconds (TIME) when the counter is behind it. If the lock already
+--                      belongs to ARGV[1] (a retry after a reply was lost) the lease is re-armed
+--                      and the current counter is returned: nobody else can have been granted since.
 --          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry)
--- Errors   if the fence key holds no positive integer: nothing is set then. (Scripts do not
---          roll back, so INCR runs before SET: a failing INCR must not leave a lock behind.)
+--
+-- The clock floor keeps tokens increasing where a plain counter goes back: after a restart
+-- without persistence (the counter starts again at 0) and after a failover that lost the last
+-- increments. It assumes the server clock never steps back by more than the time such an event
+-- takes. Redis replicates script effects, so TIME before writes is allowed and replicas receive
+-- the resulting SET, not the clock reading.
+--
+-- INCR runs before SET: scripts do not roll back, and a fence key that cannot be incremented
+-- (a wrong type, an overflow) must fail the script before it leaves a lock behind.
 local holder = redis.call('GET', KEYS[1])
 if holder == false then
   local token = redis.call('INCR', KEYS[2])
-  if token < 1 then
-    return redis.error_reply('ERR fencelock: fence counter ' .. KEYS[2] .. ' is not positive')
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if token < floor then
+    token = floor
+    redis.call('SET', KEYS[2], string.format('%.0f', floor))
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return {1, token}

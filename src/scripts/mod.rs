@@ -27,19 +27,58 @@ pub(crate) enum Acquire {
     Held(Option<Duration>),
 }
 
+/// `WAIT replicas timeout` sent right behind a grant, on its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAcks {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// Runs the acquire script; with `acks`, a WAIT follows it in the same pipeline, so it counts
+/// the replicas that received this very grant. Returns what the script found and, with `acks`,
+/// how many replicas acknowledged.
 pub(crate) fn acquire(
     con: &mut dyn ConnectionLike,
     keys: &LockKeys,
     owner: &str,
     lease: Duration,
-) -> RedisResult<Acquire> {
-    let (granted, value): (i64, i64) = ACQUIRE
-        .key(&keys.lock)
-        .key(&keys.fence)
-        .arg(owner)
-        .arg(millis(lease))
-        .invoke(con)?;
-    Ok(match granted {
+    acks: Option<ReplicaAcks>,
+) -> RedisResult<(Acquire, Option<u32>)> {
+    let ((granted, value), acked): ((i64, i64), Option<u32>) = match acks {
+        None => (
+            ACQUIRE
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(owner)
+                .arg(millis(lease))
+                .invoke(con)?,
+            None,
+        ),
+        Some(acks) => {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(ACQUIRE.get_hash())
+                .arg(2)
+                .arg(&keys.lock)
+                .arg(&keys.fence)
+                .arg(owner)
+                .arg(millis(lease))
+                .cmd("WAIT")
+                .arg(acks.replicas)
+                .arg(millis(acks.timeout));
+            let (reply, acked) = match pipe.query(con) {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    ACQUIRE.prepare_invoke().load(con)?;
+                    pipe.query(con)?
+                }
+                other => other?,
+            };
+            (reply, Some(acked))
+        }
+    };
+    let acquire = match granted {
         1 => {
             let token = u64::try_from(value)
                 .ok()
@@ -55,7 +94,8 @@ pub(crate) fn acquire(
         }
         _ if value < 0 => Acquire::Held(None),
         _ => Acquire::Held(Some(Duration::from_millis(value.unsigned_abs()))),
-    })
+    };
+    Ok((acquire, acked))
 }
 
 /// Compare-and-delete; `true` when the lock was ours and is now released.
