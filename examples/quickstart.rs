@@ -6,7 +6,9 @@
 //!
 //!     cargo run --example quickstart
 
-use std::process::{Child, Command, Stdio};
+#[path = "support/throwaway_redis.rs"]
+mod throwaway_redis;
+
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -14,13 +16,7 @@ use std::time::{Duration, Instant};
 use fencelock::{FencingToken, LockClient};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let server = ThrowawayRedis::start()?;
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = throwaway_redis::redis_url()?;
     println!("using {url}");
 
     let client = LockClient::builder(url.as_str())
@@ -77,47 +73,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         writes.len()
     );
     Ok(())
-}
-
-/// A redis-server on a free loopback port that keeps nothing on disk; killed on drop.
-struct ThrowawayRedis {
-    child: Child,
-    port: u16,
-}
-
-impl ThrowawayRedis {
-    fn start() -> Result<ThrowawayRedis, Box<dyn std::error::Error>> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(&bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start {bin} ({e}); install it (apt-get install -y redis-server) or set REDIS_URL")
-            })?;
-        let server = ThrowawayRedis { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("redis-server did not start within 10 s".into());
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        Ok(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for ThrowawayRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

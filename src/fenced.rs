@@ -1,1 +1,458 @@
 //! Fenced storage on Redis: writes that a stale fencing token cannot apply.
+//!
+//! Each write is one Lua script that compares its token with the resource's accepted-token
+//! record, applies the write and raises the record in one atomic step; `docs/design.md` holds
+//! the key layout and the scripts' state table.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::{ConnectionLike, FromRedisValue, Script};
+
+use crate::error::{Error, Result};
+use crate::key::{validate_namespace, LockKeys};
+use crate::token::FencingToken;
+
+/// Prepended to every write script: the token comparison they share.
+const PRELUDE: &str = include_str!("scripts/fenced_prelude.lua");
+
+static SET: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/fenced_set.lua")));
+static DELETE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/fenced_delete.lua")));
+static INCR_BY: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/fenced_incrby.lua")));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/fenced_claim.lua")));
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+/// Namespace of a store opened with [`FencedRedis::open`]; the same default as `LockClient`'s.
+const DEFAULT_NAMESPACE: &str = "fencelock";
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Idle connections kept for reuse; more concurrent callers get connections of their own.
+const MAX_IDLE: usize = 16;
+
+/// A key-value store on Redis that refuses writes carrying a stale [`FencingToken`].
+///
+/// Every write names a *resource* and carries the token of the lock its writer holds. Redis keeps,
+/// per resource, the highest token it has accepted; a write with a lower token is refused with
+/// [`Error::StaleToken`] and changes nothing, and a write with an equal or higher token is applied
+/// and recorded, in one atomic script. Equal tokens are accepted, so one holder can write several
+/// times under one grant. A holder that stalled past its lease — paused, swapped out, stuck on a
+/// slow network — and writes after the next holder did is refused, whatever it believes about its
+/// lock.
+///
+/// Write each resource under **one lock key** (usually the same name): tokens of different keys
+/// are unrelated numbers, so mixing them would refuse good writes and accept stale ones.
+///
+/// Cheap to clone (an `Arc` inside) and `Send + Sync`. Connections are made when needed, kept for
+/// reuse, and replaced when they break.
+///
+/// ```no_run
+/// use fencelock::{FencedRedis, LockClient};
+///
+/// # fn main() -> Result<(), fencelock::Error> {
+/// let locks = LockClient::new("redis://127.0.0.1:6379/")?;
+/// let store = FencedRedis::open("redis://127.0.0.1:6379/")?;
+///
+/// let guard = locks.lock("report")?;
+/// match store.set("report", guard.token(), "totals for May") {
+///     Ok(()) => println!("written"),
+///     // A newer holder has written since we got our token: our work is out of date.
+///     Err(e) if e.is_stale_token() => println!("refused: {e}"),
+///     Err(e) => return Err(e),
+/// }
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct FencedRedis {
+    namespace: Arc<str>,
+    connections: Arc<Connections>,
+}
+
+impl FencedRedis {
+    /// A store on the Redis server at `url` (`redis://[user:pass@]host:port/db`, or
+    /// `redis+unix:///path`), with its keys under the namespace `"fencelock"`.
+    ///
+    /// Nothing is sent yet: the first call connects, so Redis need not be up. Connecting and each
+    /// reply time out after 5 s.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the URL does not parse.
+    pub fn open(url: &str) -> Result<FencedRedis> {
+        let client = redis::Client::open(url).map_err(|e| Error::invalid("url", format!("{e}")))?;
+        Ok(FencedRedis {
+            namespace: Arc::from(DEFAULT_NAMESPACE),
+            connections: Arc::new(Connections {
+                client,
+                idle: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The same store with its keys under `namespace`, sharing this one's connections.
+    ///
+    /// ASCII letters, digits, `_`, `-`, `.` and `:`, at most
+    /// [`MAX_NAMESPACE_LEN`](crate::MAX_NAMESPACE_LEN) bytes, as for `LockClient`. The data and
+    /// accepted-token keys of a namespace do not collide with the lock keys of a `LockClient` in
+    /// the same namespace, so one namespace can serve both.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// let orders = store.with_namespace("orders")?;
+    /// assert_eq!(orders.namespace(), "orders");
+    /// assert_eq!(store.namespace(), "fencelock");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a namespace that is empty, too long or has other characters.
+    pub fn with_namespace(&self, namespace: &str) -> Result<FencedRedis> {
+        validate_namespace(namespace)?;
+        Ok(FencedRedis {
+            namespace: Arc::from(namespace),
+            connections: Arc::clone(&self.connections),
+        })
+    }
+
+    /// The namespace this store's keys live under.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Stores `value` for `resource`, unless a token higher than `token` was accepted for it.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let locks = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// let guard = locks.lock("config")?;
+    /// store.set("config", guard.token(), b"{\"replicas\": 3}")?;
+    /// store.set("config", guard.token(), b"{\"replicas\": 4}")?; // same token: accepted
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::StaleToken`] with both tokens if a higher token was accepted: nothing was
+    /// written. [`Error::InvalidArgument`] for an empty resource name or one longer than
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), before any network call. A connection error or
+    /// timeout leaves open whether the write was applied; repeating it with the same token is
+    /// safe.
+    pub fn set(&self, resource: &str, token: FencingToken, value: impl AsRef<[u8]>) -> Result<()> {
+        self.write(&SET, resource, token, &[value.as_ref()])
+    }
+
+    /// The value of `resource`, or `None` if it was never set or was deleted. Reads need no
+    /// token: what is stored was written by the newest holder that wrote.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// if let Some(bytes) = store.get("config")? {
+    ///     println!("{}", String::from_utf8_lossy(&bytes));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad resource name, as for [`set`](FencedRedis::set);
+    /// connection errors, timeouts, and [`Error::Redis`] if the value is not a string.
+    pub fn get(&self, resource: &str) -> Result<Option<Vec<u8>>> {
+        let keys = ResourceKeys::new(&self.namespace, resource)?;
+        self.connections
+            .run(true, |con| redis::cmd("GET").arg(&keys.data).query(con))
+    }
+
+    /// Deletes the value of `resource`, unless a token higher than `token` was accepted for it.
+    /// Returns whether there was a value.
+    ///
+    /// The accepted token is kept (and raised to `token`): if deleting forgot it, a stale writer
+    /// could write again into the empty resource.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let locks = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// let guard = locks.lock("session:9")?;
+    /// let existed = store.delete("session:9", guard.token())?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`set`](FencedRedis::set).
+    pub fn delete(&self, resource: &str, token: FencingToken) -> Result<bool> {
+        self.write(&DELETE, resource, token, &[])
+    }
+
+    /// Adds `delta` (which may be negative) to the integer value of `resource`, unless a token
+    /// higher than `token` was accepted for it, and returns the new value. A resource without a
+    /// value counts as 0.
+    ///
+    /// The read, the addition and the write happen inside Redis in one step, so no other writer
+    /// can slip in between, and a stale writer cannot apply an increment computed from old state.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let locks = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// let guard = locks.lock("stock:sku-7")?;
+    /// let left = store.incr_by("stock:sku-7", guard.token(), -1)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`set`](FencedRedis::set), and [`Error::Redis`] if the value is not a 64-bit
+    /// integer or the sum overflows: then nothing is changed, the accepted token included. Unlike
+    /// `set`, repeating an increment whose outcome is unknown (a connection error or timeout) may
+    /// apply it twice.
+    pub fn incr_by(&self, resource: &str, token: FencingToken, delta: i64) -> Result<i64> {
+        self.write(&INCR_BY, resource, token, &[delta.to_string().as_bytes()])
+    }
+
+    /// Records `token` as accepted for `resource` without changing its value, unless a higher
+    /// token was accepted.
+    ///
+    /// Claim first when what you write depends on what you read: between taking the lock and
+    /// your first write, an older holder that stalled can still write (its token is the highest
+    /// accepted so far), and a read before that write would miss it. Once the claim is in, every
+    /// older holder is refused, so what you read stays what is there until you write.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let locks = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// let guard = locks.lock("profile:5")?;
+    /// store.claim("profile:5", guard.token())?;
+    /// let old = store.get("profile:5")?.unwrap_or_default();
+    /// let new = [old.as_slice(), b" (reviewed)"].concat();
+    /// store.set("profile:5", guard.token(), new)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`set`](FencedRedis::set).
+    pub fn claim(&self, resource: &str, token: FencingToken) -> Result<()> {
+        self.write(&CLAIM, resource, token, &[])
+    }
+
+    /// The highest token accepted for `resource`, or `None` if no write was ever accepted.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// if let Some(token) = store.highest_token("config")? {
+    ///     println!("last written under token {token}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`get`](FencedRedis::get).
+    pub fn highest_token(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let keys = ResourceKeys::new(&self.namespace, resource)?;
+        let highest: Option<u64> = self
+            .connections
+            .run(true, |con| redis::cmd("GET").arg(&keys.accepted).query(con))?;
+        Ok(highest.map(FencingToken::from))
+    }
+
+    /// Runs one write script: KEYS data and accepted, ARGV the token then `args`. The scripts
+    /// reply `{1, result}` when the write was applied and `{0, highest}` when it was refused.
+    fn write<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        resource: &str,
+        token: FencingToken,
+        args: &[&[u8]],
+    ) -> Result<T> {
+        let keys = ResourceKeys::new(&self.namespace, resource)?;
+        let mut call = script.prepare_invoke();
+        call.key(&keys.data).key(&keys.accepted).arg(token.as_u64());
+        for arg in args {
+            call.arg(*arg);
+        }
+        // Not repeated on a broken connection: the first run may have been applied, and an
+        // increment must not be applied twice.
+        let (applied, reply): (i64, redis::Value) =
+            self.connections.run(false, |con| call.invoke(con))?;
+        let parsed = if applied == 1 {
+            T::from_redis_value(reply).map(Ok)
+        } else {
+            u64::from_redis_value(reply).map(|highest| {
+                Err(Error::StaleToken {
+                    resource: resource.to_owned(),
+                    token,
+                    highest: FencingToken::from(highest),
+                })
+            })
+        };
+        parsed.map_err(|e| Error::from_redis(e.into()))?
+    }
+}
+
+impl fmt::Debug for FencedRedis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No URL: it may carry a password.
+        f.debug_struct("FencedRedis")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The Redis keys of one resource.
+#[derive(Debug)]
+struct ResourceKeys {
+    /// `<namespace>:data:{<tag>}`: the value.
+    data: String,
+    /// `<namespace>:accepted:{<tag>}`: the highest token accepted; never deleted.
+    accepted: String,
+}
+
+impl ResourceKeys {
+    fn new(namespace: &str, resource: &str) -> Result<ResourceKeys> {
+        // The same limits and escaping as lock keys: both keys of a resource share one Cluster
+        // hash slot, and a resource named like its lock key shares the lock's slot too.
+        let tag = LockKeys::new(namespace, resource)
+            .map_err(|e| match e {
+                Error::InvalidArgument { reason, .. } => Error::invalid("resource", reason),
+                other => other,
+            })?
+            .tag;
+        Ok(ResourceKeys {
+            data: format!("{namespace}:data:{{{tag}}}"),
+            accepted: format!("{namespace}:accepted:{{{tag}}}"),
+        })
+    }
+}
+
+/// Plain connections made on demand and kept for reuse.
+struct Connections {
+    client: redis::Client,
+    idle: Mutex<Vec<redis::Connection>>,
+}
+
+impl Connections {
+    /// Runs `f` on an idle or fresh connection. If the connection turns out to be broken (Redis
+    /// restarted since it was made, say), every idle connection is dropped as well; a
+    /// `repeatable` `f` then runs once more on a fresh connection.
+    fn run<T>(
+        &self,
+        repeatable: bool,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut con = self.checkout()?;
+        match f(&mut con) {
+            Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
+                self.idle().clear();
+                if !repeatable {
+                    return Err(Error::from_redis(e));
+                }
+                let mut con = self.connect()?;
+                let result = f(&mut con);
+                self.checkin(con, &result);
+                result.map_err(Error::from_redis)
+            }
+            result => {
+                self.checkin(con, &result);
+                result.map_err(Error::from_redis)
+            }
+        }
+    }
+
+    fn checkout(&self) -> Result<redis::Connection> {
+        match self.idle().pop() {
+            Some(con) => Ok(con),
+            None => self.connect(),
+        }
+    }
+
+    fn connect(&self) -> Result<redis::Connection> {
+        crate::pool::connect(&self.client, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT)
+            .map_err(Error::from_redis)
+    }
+
+    /// Keeps `con` unless its last command failed below the Redis protocol: after a timeout the
+    /// late reply would be read as the answer to the next command.
+    fn checkin<T>(&self, con: redis::Connection, result: &redis::RedisResult<T>) {
+        let suspect = match result {
+            Ok(_) => false,
+            Err(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
+        };
+        if suspect || !con.is_open() {
+            return;
+        }
+        let mut idle = self.idle();
+        if idle.len() < MAX_IDLE {
+            idle.push(con);
+        }
+    }
+
+    fn idle(&self) -> MutexGuard<'_, Vec<redis::Connection>> {
+        // A panic while holding the lock cannot leave the list inconsistent: take it anyway.
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resources_keys_carry_the_hash_tag_of_its_lock() {
+        // key.rs proves `{tag}` is a complete Cluster hash tag for any key; the resource's keys
+        // must use exactly it.
+        for resource in [
+            "a",
+            "{",
+            "}",
+            "a}b{c",
+            "{x}",
+            "%7D",
+            "nul\0cr\r\nlf",
+            "ключ",
+        ] {
+            let keys = ResourceKeys::new("ns", resource).unwrap();
+            let tag = LockKeys::new("ns", resource).unwrap().tag;
+            assert_eq!(keys.data, format!("ns:data:{{{tag}}}"), "{resource:?}");
+            assert_eq!(
+                keys.accepted,
+                format!("ns:accepted:{{{tag}}}"),
+                "{resource:?}"
+            );
+        }
+        let keys = ResourceKeys::new("ns", "a}b").unwrap();
+        assert_eq!(keys.data, "ns:data:{a%7Db}");
+        assert_eq!(keys.accepted, "ns:accepted:{a%7Db}");
+    }
+
+    #[test]
+    fn bad_resource_names_are_named_as_resources() {
+        for bad in [String::new(), "r".repeat(crate::MAX_KEY_LEN + 1)] {
+            match ResourceKeys::new("ns", &bad) {
+                Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, "resource"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn debug_shows_no_url() {
+        let store = FencedRedis::open("redis://user:hunter2@127.0.0.1:6379/").unwrap();
+        let shown = format!("{store:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("fencelock"), "{shown}");
+    }
+
+    #[test]
+    fn is_send_sync_and_static() {
+        fn check<T: Send + Sync + Clone + 'static>() {}
+        check::<FencedRedis>();
+    }
+}

@@ -40,6 +40,10 @@
 //! any process. The counter outlives the lock; `docs/design.md` explains the key layout and the
 //! persistence Redis needs for tokens to survive a restart.
 //!
+//! A token protects only storage that checks it. [`FencedRedis`] is such a store on Redis: its
+//! writes carry a token and are refused with [`Error::StaleToken`] once a higher one was accepted.
+//! `docs/fencing.md` shows the same pattern for SQL, object stores and compare-and-set.
+//!
 //! # Renewal and loss
 //!
 //! While a guard lives, its client's renewal thread extends the lease about every lease/3, many
@@ -125,6 +129,7 @@ mod wait;
 pub use crate::client::LockClient;
 pub use crate::config::{Builder, MAX_LEASE, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_LEASE};
 pub use crate::error::{Error, Result};
+pub use crate::fenced::FencedRedis;
 pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::options::LockOptions;

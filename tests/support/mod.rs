@@ -9,6 +9,7 @@
 
 pub mod history;
 pub mod proxy;
+pub mod soak;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
