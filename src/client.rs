@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use uuid::Uuid;
 
 use crate::config::{Builder, Config};
@@ -15,7 +15,7 @@ use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
 use crate::pool::Pool;
-use crate::renewal::{self, Command};
+use crate::renewal::{self, Renewal};
 use crate::scripts::{self, Acquire};
 use crate::token::FencingToken;
 use crate::wait::{self, Waited, Waiters, Wake};
@@ -57,7 +57,7 @@ struct Inner {
     holders: Mutex<HashMap<String, (u64, ThreadId)>>,
     pool: Pool,
     waiters: Arc<Waiters>,
-    renewal: Sender<Command>,
+    renewal: Renewal,
     next_grant: AtomicU64,
 }
 
@@ -340,7 +340,7 @@ impl LockClient {
         let id = self.inner.next_grant.fetch_add(1, Ordering::Relaxed);
         log::debug!("fencelock: granted {:?} with token {token}", keys.user);
         let lease = options.lease.unwrap_or(self.inner.config.lease);
-        let (grant, lost) = Grant::new(
+        let grant = Grant::new(
             id,
             keys,
             owner,
@@ -355,15 +355,10 @@ impl LockClient {
             .insert(grant.keys.tag.clone(), (id, thread::current().id()));
         // The renewal thread outlives every guard, so this only fails if it died: then nothing
         // will renew this lease, and the holder must hear so now, not at the deadline.
-        if self
-            .inner
-            .renewal
-            .send(Command::Hold(Arc::clone(&grant)))
-            .is_err()
-        {
+        if !self.inner.renewal.hold(Arc::clone(&grant)) {
             grant.mark_lost("the renewal thread is gone");
         }
-        LockGuard::new(self.clone(), grant, lost)
+        LockGuard::new(self.clone(), grant)
     }
 
     fn holders(&self) -> MutexGuard<'_, HashMap<String, (u64, ThreadId)>> {
@@ -394,15 +389,7 @@ impl LockClient {
         if !grant.is_held() {
             return Err(lost());
         }
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        let command = Command::Extend {
-            grant: Arc::clone(grant),
-            lease,
-            reply,
-        };
-        if self.inner.renewal.send(command).is_err() {
-            return Err(lost());
-        }
+        let answer = self.inner.renewal.extend(Arc::clone(grant), lease);
         // The renewal thread bounds each of its round trips by the response timeout; allow for
         // one renewal batch ahead of ours.
         let patience =
@@ -411,7 +398,9 @@ impl LockClient {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(lost()),
             Ok(Err(e)) => Err(Error::from_redis(e)),
-            Err(_) => Err(Error::Connection(
+            // The thread is gone, and with it every lease it kept: see Renewer's Drop.
+            Err(RecvTimeoutError::Disconnected) => Err(lost()),
+            Err(RecvTimeoutError::Timeout) => Err(Error::Connection(
                 "the renewal thread did not answer in time".into(),
             )),
         }
@@ -420,8 +409,9 @@ impl LockClient {
     /// Releases a grant: stops its renewal, then compare-and-delete. Logs failures at warn, so
     /// `Drop` can stay silent.
     pub(crate) fn release(&self, grant: &Grant) -> Result<()> {
+        let was_held = grant.is_held();
         grant.end();
-        let _ = self.inner.renewal.send(Command::Forget(grant.id));
+        self.inner.renewal.forget(grant.id);
         {
             let mut holders = self.holders();
             if holders
@@ -442,9 +432,10 @@ impl LockClient {
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
                 Ok(())
             }
-            // The first run may have deleted the key before its connection broke: the key is not
-            // ours now either way, and nothing of anyone else's was touched.
-            Ok(false) if reply_lost => {
+            // The first run may have deleted the key before its connection broke: if we still
+            // held the lock then, that is the likelier story. Either way nothing of anyone else's
+            // was touched. A lock already known lost stays reported as lost.
+            Ok(false) if reply_lost && was_held => {
                 log::debug!(
                     "fencelock: released {user:?} (token {}) on a retry",
                     grant.token

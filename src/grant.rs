@@ -27,7 +27,9 @@ pub(crate) struct Grant {
     lost: AtomicBool,
     /// Set when the guard starts releasing: loss found after that is not news to anyone.
     ended: AtomicBool,
-    /// Dropped (after one message) when the grant is lost; the guard holds the receiver.
+    /// The sending end of the guard's `lost()` channel, made when the holder first asks for it
+    /// (most never do, and a channel is most of a grant's memory). Sent to once and dropped
+    /// when the grant is lost.
     lost_tx: Mutex<Option<Sender<()>>>,
 }
 
@@ -58,9 +60,8 @@ impl Grant {
         sent: Instant,
         auto_renew: bool,
         max_hold: Option<Duration>,
-    ) -> (Grant, Receiver<()>) {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let grant = Grant {
+    ) -> Grant {
+        Grant {
             id,
             keys,
             owner,
@@ -70,9 +71,22 @@ impl Grant {
             confirmed: Mutex::new(Confirmed { sent, lease }),
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
-            lost_tx: Mutex::new(Some(tx)),
-        };
-        (grant, rx)
+            lost_tx: Mutex::new(None),
+        }
+    }
+
+    /// A channel that fires when the grant is lost, or at once if it already is.
+    pub(crate) fn watch(&self) -> Receiver<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut slot = self.lost_tx.lock().unwrap_or_else(PoisonError::into_inner);
+        // mark_lost sets the flag before it takes the slot, so a loss either shows here or finds
+        // the sender in the slot.
+        if self.lost.load(Ordering::Acquire) {
+            let _ = tx.try_send(());
+        } else {
+            *slot = Some(tx);
+        }
+        rx
     }
 
     fn confirmed(&self) -> Confirmed {

@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
@@ -32,16 +32,16 @@ use crate::token::FencingToken;
 pub struct LockGuard {
     client: LockClient,
     grant: Arc<Grant>,
-    lost: Receiver<()>,
+    lost: OnceLock<Receiver<()>>,
     released: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, grant: Arc<Grant>, lost: Receiver<()>) -> LockGuard {
+    pub(crate) fn new(client: LockClient, grant: Arc<Grant>) -> LockGuard {
         LockGuard {
             client,
             grant,
-            lost,
+            lost: OnceLock::new(),
             released: false,
         }
     }
@@ -76,8 +76,9 @@ impl LockGuard {
     /// A channel that becomes ready when the lock is lost, to block or `select!` on.
     ///
     /// When renewal reports the lease lost, one `()` is sent and the channel disconnects, so any
-    /// result from `recv` — `Ok(())` or `Err(RecvError)` — means lost. It also disconnects when
-    /// the guard is released, which matters only to clones of the receiver.
+    /// result from `recv` — `Ok(())` or `Err(RecvError)` — means lost. It is ready at once if the
+    /// lock was lost before the first call. It also disconnects some time after the guard is
+    /// released, which matters only to clones of the receiver.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
@@ -93,7 +94,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn lost(&self) -> &Receiver<()> {
-        &self.lost
+        self.lost.get_or_init(|| self.grant.watch())
     }
 
     /// Re-arms the lease to `lease` from now, if the lock is still ours; renewal (if on) keeps

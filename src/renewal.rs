@@ -1,7 +1,7 @@
 //! The renewal thread: one per client, extending every held lease about every lease/3.
 //!
-//! Guards register and deregister over a crossbeam channel; the thread sleeps until the next
-//! lease is due (or a command arrives), then extends every lease that is due, or nearly so, in
+//! Guards register and deregister through an inbox the thread reads whenever it wakes; the
+//! thread sleeps until the next lease is due, then extends every lease that is due, or nearly so, in
 //! pipelines of up to [`BATCH`] owner-checked extend calls: one round trip renews many locks. It
 //! uses a connection of its own, so callers exhausting the pool cannot starve it. A lease that
 //! Redis reports gone or re-owned, or whose local deadline passes without a confirmed renewal
@@ -10,11 +10,15 @@
 //! Renewal times and deadlines are kept in ordered sets, so each tick costs time in proportion
 //! to the leases it renews, not to all leases held.
 //!
+//! Taking and releasing a lock costs no wake-up of this thread, which on a small machine would
+//! compete with the caller and Redis for a core: a new grant rings the thread's doorbell (a
+//! crossbeam channel) only if its first renewal falls due before the thread would wake anyway.
+//!
 //! The thread holds no reference to the client: when the client and all its guards are dropped,
-//! the command channel disconnects and the thread exits.
+//! the doorbell disconnects and the thread exits.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -27,8 +31,10 @@ use crate::scripts;
 const BATCH: usize = 1000;
 /// Shortest read or connect timeout the thread uses.
 const MIN_TIMEOUT: Duration = Duration::from_millis(5);
+/// Commands that may wait in the inbox before the thread is rung to take them in anyway.
+const INBOX_LIMIT: usize = 1024;
 
-pub(crate) enum Command {
+enum Command {
     /// Track this grant: renew it if it wants renewal, report its loss either way.
     Hold(Arc<Grant>),
     /// Stop tracking the grant with this id (it is being released).
@@ -42,6 +48,83 @@ pub(crate) enum Command {
     },
 }
 
+/// What the client side shares with the thread.
+#[derive(Default)]
+struct Inbox {
+    commands: Vec<Command>,
+    /// When the thread will next wake by itself; `None` while it sleeps without a deadline.
+    /// Written by the thread under this mutex, only when it has found `commands` empty, so a
+    /// client that pushes a command and reads this in one critical section knows whether the
+    /// thread will see the command in time.
+    next_wake: Option<Instant>,
+    /// The thread is gone: nothing will renew a lease handed in now.
+    closed: bool,
+}
+
+/// The client's handle on its renewal thread.
+pub(crate) struct Renewal {
+    inbox: Arc<Mutex<Inbox>>,
+    doorbell: Sender<()>,
+}
+
+impl Renewal {
+    /// Starts tracking a grant. Returns false if the thread is gone.
+    pub(crate) fn hold(&self, grant: Arc<Grant>) -> bool {
+        let due = if grant.auto_renew {
+            grant.confirmed_at() + grant.lease() / 3
+        } else {
+            grant.deadline()
+        };
+        self.push(Command::Hold(grant), Some(due))
+    }
+
+    /// Stops tracking a grant that is being released. Needs no wake-up: the thread takes it in
+    /// before its next renewal.
+    pub(crate) fn forget(&self, id: u64) {
+        self.push(Command::Forget(id), None);
+    }
+
+    /// Asks the thread to extend a grant now; the answer comes on the returned channel, or the
+    /// channel disconnects if the thread is gone.
+    pub(crate) fn extend(
+        &self,
+        grant: Arc<Grant>,
+        lease: Duration,
+    ) -> Receiver<redis::RedisResult<bool>> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.push(
+            Command::Extend {
+                grant,
+                lease,
+                reply,
+            },
+            Some(Instant::now()),
+        );
+        answer
+    }
+
+    fn push(&self, command: Command, due: Option<Instant>) -> bool {
+        let ring = {
+            let mut inbox = lock(&self.inbox);
+            if inbox.closed {
+                return false;
+            }
+            inbox.commands.push(command);
+            inbox.commands.len() >= INBOX_LIMIT
+                || due.is_some_and(|due| inbox.next_wake.is_none_or(|wake| due < wake))
+        };
+        if ring {
+            // Full means already rung; the thread then takes in everything, this included.
+            let _ = self.doorbell.try_send(());
+        }
+        true
+    }
+}
+
+fn lock(inbox: &Mutex<Inbox>) -> MutexGuard<'_, Inbox> {
+    inbox.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 struct Held {
     grant: Arc<Grant>,
     next: Instant,
@@ -49,6 +132,7 @@ struct Held {
 }
 
 struct Renewer {
+    inbox: Arc<Mutex<Inbox>>,
     client: redis::Client,
     connection_timeout: Duration,
     response_timeout: Duration,
@@ -64,9 +148,11 @@ pub(crate) fn spawn(
     client: redis::Client,
     connection_timeout: Duration,
     response_timeout: Duration,
-) -> std::io::Result<Sender<Command>> {
-    let (tx, rx) = crossbeam_channel::unbounded();
+) -> std::io::Result<Renewal> {
+    let (doorbell, rung) = crossbeam_channel::bounded(1);
+    let inbox = Arc::new(Mutex::new(Inbox::default()));
     let renewer = Renewer {
+        inbox: Arc::clone(&inbox),
         client,
         connection_timeout,
         response_timeout,
@@ -77,33 +163,38 @@ pub(crate) fn spawn(
     };
     thread::Builder::new()
         .name("fencelock-renewal".to_owned())
-        .spawn(move || renewer.run(&rx))?;
-    Ok(tx)
+        .spawn(move || renewer.run(&rung))?;
+    Ok(Renewal { inbox, doorbell })
 }
 
 impl Renewer {
-    fn run(mut self, commands: &Receiver<Command>) {
+    fn run(mut self, doorbell: &Receiver<()>) {
         loop {
+            let commands = std::mem::take(&mut lock(&self.inbox).commands);
+            for command in commands {
+                self.apply(command);
+            }
+            self.expire_overdue();
+            self.renew_due();
             let wake = [self.renewals.first(), self.deadlines.first()]
                 .into_iter()
                 .flatten()
                 .map(|(at, _)| *at)
                 .min();
-            let command = match wake {
-                Some(at) => commands.recv_deadline(at),
-                None => commands.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            {
+                let mut inbox = lock(&self.inbox);
+                if !inbox.commands.is_empty() {
+                    continue;
+                }
+                inbox.next_wake = wake;
+            }
+            let rung = match wake {
+                Some(at) => doorbell.recv_deadline(at),
+                None => doorbell.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
-            match command {
-                Ok(command) => self.apply(command),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            if let Err(RecvTimeoutError::Disconnected) = rung {
+                return;
             }
-            // Take in the whole backlog before working, so a burst of grants costs one pass.
-            for command in commands.try_iter() {
-                self.apply(command);
-            }
-            self.expire_overdue();
-            self.renew_due();
         }
     }
 
@@ -318,7 +409,11 @@ impl Renewer {
             Some(con) => con,
             None => {
                 let connect_timeout = timeout.min(self.connection_timeout);
-                crate::pool::connect(&self.client, connect_timeout, timeout)?
+                let mut con = crate::pool::connect(&self.client, connect_timeout, timeout)?;
+                // A restarted server has no scripts: load now, rather than losing a whole
+                // pipeline of extends to NOSCRIPT.
+                scripts::EXTEND.prepare_invoke().load(&mut con)?;
+                con
             }
         };
         con.set_read_timeout(Some(timeout))?;
@@ -329,8 +424,17 @@ impl Renewer {
 impl Drop for Renewer {
     /// Runs on exit and on unwinding alike: leases nobody renews any more are as good as lost.
     fn drop(&mut self) {
-        for (_, held) in self.held.drain() {
-            held.grant.mark_lost("the renewal thread stopped");
+        let waiting = {
+            let mut inbox = lock(&self.inbox);
+            inbox.closed = true;
+            std::mem::take(&mut inbox.commands)
+        };
+        let waiting = waiting.into_iter().filter_map(|c| match c {
+            Command::Hold(grant) => Some(grant),
+            _ => None,
+        });
+        for grant in self.held.drain().map(|(_, held)| held.grant).chain(waiting) {
+            grant.mark_lost("the renewal thread stopped");
         }
     }
 }
