@@ -16,7 +16,7 @@ use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
-use crate::scripts::{self, Acquire};
+use crate::scripts::{self, Acquire, Released};
 use crate::token::FencingToken;
 use crate::wait::{self, Waited, Waiters, Wake};
 
@@ -428,21 +428,28 @@ impl LockClient {
             scripts::release(con, &grant.keys, &grant.owner)
         });
         match released {
-            Ok(true) => {
+            Ok(Released::Published) => {
+                log::debug!("fencelock: released {user:?} (token {})", grant.token);
+                Ok(())
+            }
+            Ok(Released::Quietly) => {
+                // Nobody marked waiting, so nothing was published: a thread of this client that
+                // queued behind us without asking Redis is woken here instead.
+                self.inner.waiters.released(&grant.keys.tag);
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
                 Ok(())
             }
             // The first run may have deleted the key before its connection broke: if we still
             // held the lock then, that is the likelier story. Either way nothing of anyone else's
             // was touched. A lock already known lost stays reported as lost.
-            Ok(false) if reply_lost && was_held => {
+            Ok(Released::NotOurs) if reply_lost && was_held => {
                 log::debug!(
                     "fencelock: released {user:?} (token {}) on a retry",
                     grant.token
                 );
                 Ok(())
             }
-            Ok(false) => {
+            Ok(Released::NotOurs) => {
                 if grant.mark_lost("it was no longer ours at release") {
                     log::warn!(
                         "fencelock: {user:?} (token {}) was no longer ours at release",

@@ -23,6 +23,9 @@ pub(crate) struct LockKeys {
     pub(crate) lock: String,
     /// `<namespace>:fence:{<tag>}`: the fencing counter; never expires.
     pub(crate) fence: String,
+    /// `<namespace>:waiting:{<tag>}`: set by attempts that found the lock held, so that the
+    /// release publishes only when someone waits.
+    pub(crate) waiting: String,
     /// `<namespace>:released`: the namespace's release channel; messages carry `tag`.
     pub(crate) channel: String,
 }
@@ -35,6 +38,7 @@ impl LockKeys {
             user: key.to_owned(),
             lock: format!("{namespace}:lock:{{{tag}}}"),
             fence: format!("{namespace}:fence:{{{tag}}}"),
+            waiting: format!("{namespace}:waiting:{{{tag}}}"),
             channel: release_channel(namespace),
             tag,
         })

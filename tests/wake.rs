@@ -86,3 +86,37 @@ fn one_release_wakes_one_waiter_and_local_waiters_are_served_in_order() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn a_release_publishes_only_when_someone_waits() {
+    let server = RedisServer::start();
+    let a = lock_client(&server, 30_000);
+    let b = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    for _ in 0..20 {
+        a.lock("quiet").unwrap().unlock().unwrap();
+    }
+    assert_eq!(
+        command_calls(&mut con, "publish"),
+        0,
+        "published with nobody waiting"
+    );
+
+    let held = a.lock("quiet").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let t = thread::spawn(move || {
+        let got = b.lock("quiet").unwrap();
+        tx.send(()).unwrap();
+        got.unlock().unwrap();
+    });
+    thread::sleep(ms(200));
+    held.unlock().unwrap();
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the waiter was not woken");
+    t.join().unwrap();
+    assert_eq!(command_calls(&mut con, "publish"), 1);
+}

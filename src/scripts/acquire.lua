@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  lock key   string: the owner id of the current grant, with a PX lease
 -- KEYS[2]  fence key  integer counter of grants for this key; never expires
+-- KEYS[3]  wait mark  set when an attempt finds the lock held: the release must publish
 -- ARGV[1]  owner id   a fresh uuid v4 per lock() call
 -- ARGV[2]  lease      in milliseconds
 --
@@ -9,7 +10,9 @@
 --                      microseconds (TIME) when the counter is behind it. If the lock already
 --                      belongs to ARGV[1] (a retry after a reply was lost) the lease is re-armed
 --                      and the current counter is returned: nobody else can have been granted since.
---          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry)
+--          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry).
+--                      The wait mark is set, in the same atomic step, to outlive the caller's
+--                      next unprompted attempt (at the holder's expiry), which sets it again.
 --
 -- The clock floor keeps tokens increasing where a plain counter goes back: after a restart
 -- without persistence (the counter starts again at 0) and after a failover that lost the last
@@ -39,4 +42,6 @@ if holder == ARGV[1] then
   end
   return {1, token}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local pttl = redis.call('PTTL', KEYS[1])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[2] + math.max(pttl, 0))
+return {0, pttl}

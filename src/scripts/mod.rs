@@ -49,6 +49,7 @@ pub(crate) fn acquire(
             ACQUIRE
                 .key(&keys.lock)
                 .key(&keys.fence)
+                .key(&keys.waiting)
                 .arg(owner)
                 .arg(millis(lease))
                 .invoke(con)?,
@@ -58,9 +59,10 @@ pub(crate) fn acquire(
             let mut pipe = redis::pipe();
             pipe.cmd("EVALSHA")
                 .arg(ACQUIRE.get_hash())
-                .arg(2)
+                .arg(3)
                 .arg(&keys.lock)
                 .arg(&keys.fence)
+                .arg(&keys.waiting)
                 .arg(owner)
                 .arg(millis(lease))
                 .cmd("WAIT")
@@ -98,18 +100,35 @@ pub(crate) fn acquire(
     Ok((acquire, acked))
 }
 
-/// Compare-and-delete; `true` when the lock was ours and is now released.
+/// What a release found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// Released, and published: another attempt had found the lock held.
+    Published,
+    /// Released; nobody had marked waiting, so nothing was published.
+    Quietly,
+    /// The key was gone or another owner's; nothing was touched.
+    NotOurs,
+}
+
+/// Compare-and-delete, publishing only if someone waits.
 pub(crate) fn release(
     con: &mut dyn ConnectionLike,
     keys: &LockKeys,
     owner: &str,
-) -> RedisResult<bool> {
-    RELEASE
+) -> RedisResult<Released> {
+    let reply: i64 = RELEASE
         .key(&keys.lock)
+        .key(&keys.waiting)
         .arg(owner)
         .arg(&keys.channel)
         .arg(&keys.tag)
-        .invoke(con)
+        .invoke(con)?;
+    Ok(match reply {
+        2 => Released::Published,
+        1 => Released::Quietly,
+        _ => Released::NotOurs,
+    })
 }
 
 /// Compare-and-pexpire; `true` when the lock was ours and its lease is re-armed.
