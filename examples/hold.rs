@@ -2,7 +2,8 @@
 //!
 //!     REDIS_URL=redis://127.0.0.1:6379/ cargo run --example hold -- order:42 [lease-ms]
 //!
-//! Prints `token N` once granted, and `released` or `lost` at the end. Run it in two terminals
+//! Prints `token N` once granted; at the end, `held=true` or `held=false` (what `is_held()` says
+//! just before unlocking), then `released` or `lost`. Run it in two terminals
 //! to watch the second wait for the first; kill the first with SIGKILL to watch the second take
 //! over when the lease runs out. The test suite uses it as a holder in another process.
 
@@ -27,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guard = client.lock(&key)?;
     println!("token {}", guard.token());
     let _ = std::io::stdin().lock().lines().next();
+    println!("held={}", guard.is_held());
     match guard.unlock() {
         Ok(()) => println!("released"),
         Err(e) if e.is_lock_lost() => println!("lost"),

@@ -88,6 +88,7 @@ impl LockClient {
         .map_err(thread_error)?;
         let renewal = renewal::spawn(
             client.clone(),
+            config.lease,
             config.connection_timeout,
             config.response_timeout,
         )

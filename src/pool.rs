@@ -18,6 +18,9 @@ use crate::error::{Error, Result};
 pub(crate) struct Conn {
     pub(crate) con: redis::Connection,
     generation: u64,
+    /// A command on it timed out: the connection may be half-open, or out of step with replies
+    /// that will never come. Discarded when it goes back to the pool.
+    timed_out: bool,
 }
 
 #[derive(Default)]
@@ -40,7 +43,11 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> redis::RedisResult<Conn> {
         let con = connect(&self.client, self.connection_timeout, self.response_timeout)?;
         let generation = self.generations.made.fetch_add(1, Ordering::Relaxed);
-        Ok(Conn { con, generation })
+        Ok(Conn {
+            con,
+            generation,
+            timed_out: false,
+        })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {
@@ -53,7 +60,8 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        !conn.con.is_open()
+        conn.timed_out
+            || !conn.con.is_open()
             || conn.generation < self.generations.stale_below.load(Ordering::Relaxed)
     }
 }
@@ -133,15 +141,17 @@ impl Pool {
         mut f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut conn = self.get()?;
-        match f(&mut conn.con, false) {
+        let result = match f(&mut conn.con, false) {
             Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
                 self.retire_all();
                 drop(conn);
-                let mut conn = self.get()?;
-                f(&mut conn.con, true).map_err(Error::from_redis)
+                conn = self.get()?;
+                f(&mut conn.con, true)
             }
-            other => other.map_err(Error::from_redis),
-        }
+            other => other,
+        };
+        conn.timed_out = result.as_ref().is_err_and(|e| e.is_timeout());
+        result.map_err(Error::from_redis)
     }
 
     /// Every connection made so far predates the break we just saw; none is worth a failed call.

@@ -17,7 +17,7 @@
 //! The thread holds no reference to the client: when the client and all its guards are dropped,
 //! the doorbell disconnects and the thread exits.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -52,7 +52,7 @@ enum Command {
 #[derive(Default)]
 struct Inbox {
     commands: Vec<Command>,
-    /// When the thread will next wake by itself; `None` while it sleeps without a deadline.
+    /// When the thread will next wake by itself (`None` before its first sleep).
     /// Written by the thread under this mutex, only when it has found `commands` empty, so a
     /// client that pushes a command and reads this in one critical section knows whether the
     /// thread will see the command in time.
@@ -133,6 +133,8 @@ struct Held {
 
 struct Renewer {
     inbox: Arc<Mutex<Inbox>>,
+    /// Longest sleep: a sixth of the client's lease, at most a second.
+    idle_wake: Duration,
     client: redis::Client,
     connection_timeout: Duration,
     response_timeout: Duration,
@@ -146,6 +148,7 @@ struct Renewer {
 
 pub(crate) fn spawn(
     client: redis::Client,
+    lease: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
 ) -> std::io::Result<Renewal> {
@@ -153,6 +156,7 @@ pub(crate) fn spawn(
     let inbox = Arc::new(Mutex::new(Inbox::default()));
     let renewer = Renewer {
         inbox: Arc::clone(&inbox),
+        idle_wake: (lease / 6).clamp(MIN_TIMEOUT, Duration::from_secs(1)),
         client,
         connection_timeout,
         response_timeout,
@@ -171,28 +175,38 @@ impl Renewer {
     fn run(mut self, doorbell: &Receiver<()>) {
         loop {
             let commands = std::mem::take(&mut lock(&self.inbox).commands);
+            // A lock taken and released since the last pass needs no bookkeeping at all.
+            let released: HashSet<u64> = commands
+                .iter()
+                .filter_map(|c| match c {
+                    Command::Forget(id) => Some(*id),
+                    _ => None,
+                })
+                .collect();
             for command in commands {
-                self.apply(command);
+                match command {
+                    Command::Hold(grant) if released.contains(&grant.id) => {}
+                    command => self.apply(command),
+                }
             }
             self.expire_overdue();
             self.renew_due();
+            // Even with nothing due, look at the inbox now and then: a grant made meanwhile then
+            // falls due after that look (a third of a lease away), and needs no ring.
+            let idle = Instant::now() + self.idle_wake;
             let wake = [self.renewals.first(), self.deadlines.first()]
                 .into_iter()
                 .flatten()
                 .map(|(at, _)| *at)
-                .min();
+                .fold(idle, Instant::min);
             {
                 let mut inbox = lock(&self.inbox);
                 if !inbox.commands.is_empty() {
                     continue;
                 }
-                inbox.next_wake = wake;
+                inbox.next_wake = Some(wake);
             }
-            let rung = match wake {
-                Some(at) => doorbell.recv_deadline(at),
-                None => doorbell.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            if let Err(RecvTimeoutError::Disconnected) = rung {
+            if let Err(RecvTimeoutError::Disconnected) = doorbell.recv_deadline(wake) {
                 return;
             }
         }
