@@ -260,7 +260,7 @@ impl LockClient {
                 let sent = Instant::now();
                 match self.attempt(&keys, &owner, lease)? {
                     Acquire::Granted(token) => {
-                        ticket.leave_granted();
+                        ticket.leave_granted(lease);
                         return Ok(Some(self.grant(keys, owner, token, sent, options)));
                     }
                     Acquire::Held(pttl) => {
@@ -276,9 +276,9 @@ impl LockClient {
             };
             match ticket.wait(until, options.cancel.as_ref()) {
                 Waited::Woken(Wake::Attempt) => attempt = true,
-                Waited::Woken(Wake::HeadBehindLocalHolder) => {
+                Waited::Woken(Wake::HeadBehindLocalHolder(holder_lease)) => {
                     attempt = false;
-                    holder_expiry = Instant::now().checked_add(lease);
+                    holder_expiry = Instant::now().checked_add(holder_lease);
                 }
                 Waited::Cancelled => return Err(Error::Cancelled),
                 Waited::TimedOut => {
@@ -428,15 +428,18 @@ impl LockClient {
             reply_lost = retry;
             scripts::release(con, &grant.keys, &grant.owner)
         });
+        // Unless the release was published (and comes back to this client's own subscription),
+        // wake the thread of this client queued behind us: it never asked Redis, so it set no
+        // wait mark, and whatever happened to our lock, the key may be free now.
+        if !matches!(released, Ok(Released::Published)) {
+            self.inner.waiters.released(&grant.keys.tag);
+        }
         match released {
             Ok(Released::Published) => {
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
                 Ok(())
             }
             Ok(Released::Quietly) => {
-                // Nobody marked waiting, so nothing was published: a thread of this client that
-                // queued behind us without asking Redis is woken here instead.
-                self.inner.waiters.released(&grant.keys.tag);
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
                 Ok(())
             }

@@ -13,7 +13,7 @@ use std::rc::{Rc, Weak};
 use crossbeam_channel::Receiver;
 
 use crate::client::LockClient;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::token::FencingToken;
 
@@ -71,8 +71,19 @@ impl LockClient {
     pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
         let tag = crate::key::LockKeys::new(self.namespace(), key)?.tag;
         let id = (self.identity(), tag);
-        let nested = HOLDS.with(|holds| holds.borrow().get(&id).and_then(Weak::upgrade));
+        // While the thread exits, its map is gone: no nesting to find, and none to record.
+        let nested = HOLDS
+            .try_with(|holds| holds.borrow().get(&id).and_then(Weak::upgrade))
+            .ok()
+            .flatten();
         if let Some(hold) = nested {
+            // A share of a lost grant would claim a lock nobody holds; and no new grant can be
+            // had while the old shares live.
+            if !hold.guard.is_held() {
+                return Err(Error::LockLost {
+                    key: key.to_owned(),
+                });
+            }
             return Ok(ReentrantGuard { hold });
         }
         let guard = self.lock(key)?;
@@ -80,7 +91,7 @@ impl LockClient {
             guard,
             id: id.clone(),
         });
-        HOLDS.with(|holds| holds.borrow_mut().insert(id, Rc::downgrade(&hold)));
+        let _ = HOLDS.try_with(|holds| holds.borrow_mut().insert(id, Rc::downgrade(&hold)));
         Ok(ReentrantGuard { hold })
     }
 }

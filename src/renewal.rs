@@ -52,7 +52,7 @@ enum Command {
 #[derive(Default)]
 struct Inbox {
     commands: Vec<Command>,
-    /// When the thread will next wake by itself (`None` before its first sleep).
+    /// When the thread will next wake by itself; `None` while it sleeps until rung.
     /// Written by the thread under this mutex, only when it has found `commands` empty, so a
     /// client that pushes a command and reads this in one critical section knows whether the
     /// thread will see the command in time.
@@ -175,6 +175,7 @@ impl Renewer {
     fn run(mut self, doorbell: &Receiver<()>) {
         loop {
             let commands = std::mem::take(&mut lock(&self.inbox).commands);
+            let quiet = commands.is_empty();
             // A lock taken and released since the last pass needs no bookkeeping at all.
             let released: HashSet<u64> = commands
                 .iter()
@@ -191,22 +192,28 @@ impl Renewer {
             }
             self.expire_overdue();
             self.renew_due();
-            // Even with nothing due, look at the inbox now and then: a grant made meanwhile then
-            // falls due after that look (a third of a lease away), and needs no ring.
-            let idle = Instant::now() + self.idle_wake;
+            // While locks come and go, look at the inbox now and then even with nothing due: a
+            // grant made meanwhile then falls due after that look (a third of a lease away) and
+            // needs no ring. After a whole quiet period with nothing held, sleep until rung.
+            let idle = (!quiet || !self.held.is_empty()).then(|| Instant::now() + self.idle_wake);
             let wake = [self.renewals.first(), self.deadlines.first()]
                 .into_iter()
                 .flatten()
                 .map(|(at, _)| *at)
-                .fold(idle, Instant::min);
+                .chain(idle)
+                .min();
             {
                 let mut inbox = lock(&self.inbox);
                 if !inbox.commands.is_empty() {
                     continue;
                 }
-                inbox.next_wake = Some(wake);
+                inbox.next_wake = wake;
             }
-            if let Err(RecvTimeoutError::Disconnected) = doorbell.recv_deadline(wake) {
+            let rung = match wake {
+                Some(at) => doorbell.recv_deadline(at),
+                None => doorbell.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            if let Err(RecvTimeoutError::Disconnected) = rung {
                 return;
             }
         }
@@ -255,16 +262,19 @@ impl Renewer {
             if deadline > now {
                 break;
             }
-            if let Some(grant) = self.remove(id) {
-                let why = if grant.renew_until.is_some_and(|until| until <= now) {
-                    "its maximum hold time passed, so renewal stopped"
-                } else if grant.auto_renew {
-                    "its lease ran out before a renewal was confirmed"
-                } else {
-                    "its lease ran out (renewal is off for it)"
-                };
-                grant.mark_lost(why);
-            }
+            let Some(grant) = self.remove(id) else {
+                // Not held (cannot happen): drop the stray entry rather than meet it again.
+                self.deadlines.remove(&(deadline, id));
+                continue;
+            };
+            let why = if grant.renew_until.is_some_and(|until| until <= now) {
+                "its maximum hold time passed, so renewal stopped"
+            } else if grant.auto_renew {
+                "its lease ran out before a renewal was confirmed"
+            } else {
+                "its lease ran out (renewal is off for it)"
+            };
+            grant.mark_lost(why);
         }
     }
 

@@ -21,9 +21,10 @@ use crossbeam_channel::{Receiver, Select, Sender};
 /// Why a waiter was woken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Wake {
-    /// It is now the head, behind a holder in this same process that was just granted the lock:
-    /// wait for that holder's release rather than asking Redis now.
-    HeadBehindLocalHolder,
+    /// It is now the head, behind a holder in this same process that was just granted the lock
+    /// with this lease: wait for that holder's release rather than asking Redis now, and look
+    /// again unprompted once that lease could have run out.
+    HeadBehindLocalHolder(Duration),
     /// The key may be free: try now.
     Attempt,
 }
@@ -64,7 +65,7 @@ impl Waiters {
             tag: tag.to_owned(),
             slot,
             rx,
-            granted: false,
+            granted: None,
         }
     }
 
@@ -89,7 +90,8 @@ pub(crate) struct Ticket {
     tag: String,
     slot: Arc<Slot>,
     rx: Receiver<Wake>,
-    granted: bool,
+    /// The lease of our grant, once granted.
+    granted: Option<Duration>,
 }
 
 impl Ticket {
@@ -130,8 +132,8 @@ impl Ticket {
     }
 
     /// Leaves the queue as the winner: the next in line waits for our release.
-    pub(crate) fn leave_granted(mut self) {
-        self.granted = true;
+    pub(crate) fn leave_granted(mut self, lease: Duration) {
+        self.granted = Some(lease);
     }
 }
 
@@ -148,10 +150,9 @@ impl Drop for Ticket {
                 queues.remove(&self.tag);
             }
             Some(next) if was_head => {
-                let wake = if self.granted {
-                    Wake::HeadBehindLocalHolder
-                } else {
-                    Wake::Attempt
+                let wake = match self.granted {
+                    Some(lease) => Wake::HeadBehindLocalHolder(lease),
+                    None => Wake::Attempt,
                 };
                 let _ = next.tx.send(wake);
             }

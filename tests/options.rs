@@ -179,3 +179,46 @@ fn different_namespaces_never_contend() {
     assert!(a2.try_lock("42", Duration::ZERO).unwrap().is_none());
     drop(ga);
 }
+
+/// A thread queued behind a holder of its own client never asks Redis, so it sets no wait mark.
+/// When that holder's short, unrenewed lease runs out and its unlock finds the lock lost, the
+/// waiter must still be woken at once, not after its own (long) lease.
+#[test]
+fn a_waiter_behind_a_local_holder_whose_lease_ran_out_is_not_stranded() {
+    let server = RedisServer::start();
+    let remote = lock_client(&server, 30_000);
+    let client = lock_client(&server, 30_000);
+    let first = remote.lock("relay").unwrap();
+
+    let short = LockOptions::new().lease(ms(200)).renew(false);
+    let holder = {
+        let client = client.clone();
+        thread::spawn(move || {
+            let guard = client.lock_with("relay", &short).unwrap();
+            let granted = Instant::now();
+            thread::sleep(ms(500));
+            assert!(guard.unlock().unwrap_err().is_lock_lost());
+            granted
+        })
+    };
+    thread::sleep(ms(100));
+    let waiter = {
+        let client = client.clone();
+        thread::spawn(move || {
+            let long = LockOptions::new().lease(ms(20_000));
+            let guard = client.lock_with("relay", &long).unwrap();
+            let granted = Instant::now();
+            guard.unlock().unwrap();
+            granted
+        })
+    };
+    thread::sleep(ms(100));
+    first.unlock().unwrap();
+    let holder_granted = holder.join().unwrap();
+    let waiter_granted = waiter.join().unwrap();
+    let waited = waiter_granted.duration_since(holder_granted);
+    assert!(
+        waited < ms(2_000),
+        "the waiter got the free key {waited:?} after the holder"
+    );
+}

@@ -113,3 +113,19 @@ fn plain_lock_refuses_a_same_thread_relock() {
     guard.unlock().unwrap();
     client.lock("once").unwrap().unlock().unwrap();
 }
+
+#[test]
+fn nesting_into_a_lost_grant_reports_the_loss() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 300);
+    let outer = client.reentrant_lock("gone").unwrap();
+    let mut con = server.connection();
+    let _: () = redis::cmd("DEL")
+        .arg("test:lock:{gone}")
+        .query(&mut con)
+        .unwrap();
+    assert!(outer.lost().recv_timeout(ms(1_000)).is_ok());
+    let err = client.reentrant_lock("gone").unwrap_err();
+    assert!(err.is_lock_lost(), "{err:?}");
+    assert_eq!(outer.hold_count(), 1);
+}
