@@ -95,7 +95,12 @@ impl LockClient {
         .map_err(thread_error)?;
         Ok(LockClient {
             inner: Arc::new(Inner {
-                pool: Pool::new(client, &config),
+                pool: Pool::new(
+                    client,
+                    config.pool_size,
+                    config.connection_timeout,
+                    config.response_timeout,
+                ),
                 config,
                 waiters,
                 renewal,
@@ -234,7 +239,7 @@ impl LockClient {
         let lease = options.lease.unwrap_or(self.inner.config.lease);
         let sent = Instant::now();
         Ok(match self.attempt(&keys, &owner, lease)? {
-            Acquire::Granted(token) => Some(self.grant(keys, owner, token, sent, options)),
+            Acquire::Granted(token) => Some(self.grant(keys, owner, token, sent, lease, options)),
             Acquire::Held(_) => None,
         })
     }
@@ -261,7 +266,7 @@ impl LockClient {
                 match self.attempt(&keys, &owner, lease)? {
                     Acquire::Granted(token) => {
                         ticket.leave_granted(lease);
-                        return Ok(Some(self.grant(keys, owner, token, sent, options)));
+                        return Ok(Some(self.grant(keys, owner, token, sent, lease, options)));
                     }
                     Acquire::Held(pttl) => {
                         // A key without expiry was not set by fencelock; look again a lease later.
@@ -270,10 +275,7 @@ impl LockClient {
                     }
                 }
             }
-            let until = match (deadline, holder_expiry) {
-                (Some(d), Some(h)) => Some(d.min(h)),
-                (d, h) => d.or(h),
-            };
+            let until = deadline.into_iter().chain(holder_expiry).min();
             match ticket.wait(until, options.cancel.as_ref()) {
                 Waited::Woken(Wake::Attempt) => attempt = true,
                 Waited::Woken(Wake::HeadBehindLocalHolder(holder_lease)) => {
@@ -293,12 +295,8 @@ impl LockClient {
 
     /// One run of the acquire script (and WAIT, if replica acks are required).
     fn attempt(&self, keys: &LockKeys, owner: &str, lease: Duration) -> Result<Acquire> {
-        enum Outcome {
-            Found(Acquire),
-            Unreplicated { acked: u32, required: u32 },
-        }
         let acks = self.inner.config.replica_acks;
-        let outcome = self.inner.pool.run(|con, _retry| {
+        self.inner.pool.run(|con, _retry| {
             match scripts::acquire(con, keys, owner, lease, acks) {
                 Err(e) if e.is_timeout() => {
                     // The script may still run and grant us the lock we are about to report as
@@ -313,21 +311,15 @@ impl LockClient {
                     (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
                         // Too few replicas have it, so a failover could lose it: give it back.
                         scripts::release(con, keys, owner)?;
-                        Ok(Outcome::Unreplicated {
+                        Ok(Err(Error::NotReplicated {
                             acked,
                             required: acks.replicas,
-                        })
+                        }))
                     }
-                    (found, ..) => Ok(Outcome::Found(found)),
+                    (found, ..) => Ok(Ok(found)),
                 },
             }
-        })?;
-        match outcome {
-            Outcome::Found(found) => Ok(found),
-            Outcome::Unreplicated { acked, required } => {
-                Err(Error::NotReplicated { acked, required })
-            }
-        }
+        })?
     }
 
     fn grant(
@@ -336,11 +328,11 @@ impl LockClient {
         owner: String,
         token: FencingToken,
         sent: Instant,
+        lease: Duration,
         options: &LockOptions,
     ) -> LockGuard {
         let id = self.inner.next_grant.fetch_add(1, Ordering::Relaxed);
         log::debug!("fencelock: granted {:?} with token {token}", keys.user);
-        let lease = options.lease.unwrap_or(self.inner.config.lease);
         let grant = Grant::new(
             id,
             keys,
@@ -435,11 +427,7 @@ impl LockClient {
             self.inner.waiters.released(&grant.keys.tag);
         }
         match released {
-            Ok(Released::Published) => {
-                log::debug!("fencelock: released {user:?} (token {})", grant.token);
-                Ok(())
-            }
-            Ok(Released::Quietly) => {
+            Ok(Released::Published | Released::Quietly) => {
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
                 Ok(())
             }

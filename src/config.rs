@@ -126,8 +126,7 @@ impl Builder {
     /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if it
     /// does not parse as `redis://`, `redis+unix://` or `unix://`.
     pub fn build(self) -> Result<LockClient> {
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| Error::invalid("url", format!("{e}")))?;
+        let client = crate::pool::client(&self.url)?;
         self.config.validate()?;
         LockClient::start(client, self.config)
     }

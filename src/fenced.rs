@@ -5,13 +5,14 @@
 //! the key layout and the scripts' state table.
 
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{ConnectionLike, FromRedisValue, Script};
+use redis::{FromRedisValue, Script};
 
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
+use crate::pool::Pool;
 use crate::token::FencingToken;
 
 /// Prepended to every write script: the token comparison they share.
@@ -32,8 +33,8 @@ fn script(body: &str) -> Script {
 const DEFAULT_NAMESPACE: &str = "fencelock";
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Idle connections kept for reuse; more concurrent callers get connections of their own.
-const MAX_IDLE: usize = 16;
+/// Connections in the store's pool.
+const POOL_SIZE: u32 = 16;
 
 /// A key-value store on Redis that refuses writes carrying a stale [`FencingToken`].
 ///
@@ -48,8 +49,9 @@ const MAX_IDLE: usize = 16;
 /// Write each resource under **one lock key** (usually the same name): tokens of different keys
 /// are unrelated numbers, so mixing them would refuse good writes and accept stale ones.
 ///
-/// Cheap to clone (an `Arc` inside) and `Send + Sync`. Connections are made when needed, kept for
-/// reuse, and replaced when they break.
+/// Cheap to clone (an `Arc` inside) and `Send + Sync`. Connections come from a pool of up to 16,
+/// made when needed and replaced when they break, as for `LockClient`; a call waits up to 5 s for
+/// one when all are busy, then fails with [`Error::PoolExhausted`].
 ///
 /// ```no_run
 /// use fencelock::{FencedRedis, LockClient};
@@ -71,7 +73,7 @@ const MAX_IDLE: usize = 16;
 #[derive(Clone)]
 pub struct FencedRedis {
     namespace: Arc<str>,
-    connections: Arc<Connections>,
+    pool: Arc<Pool>,
 }
 
 impl FencedRedis {
@@ -84,13 +86,15 @@ impl FencedRedis {
     /// # Errors
     /// [`Error::InvalidArgument`] if the URL does not parse.
     pub fn open(url: &str) -> Result<FencedRedis> {
-        let client = redis::Client::open(url).map_err(|e| Error::invalid("url", format!("{e}")))?;
+        let client = crate::pool::client(url)?;
         Ok(FencedRedis {
             namespace: Arc::from(DEFAULT_NAMESPACE),
-            connections: Arc::new(Connections {
+            pool: Arc::new(Pool::new(
                 client,
-                idle: Mutex::new(Vec::new()),
-            }),
+                POOL_SIZE,
+                CONNECTION_TIMEOUT,
+                RESPONSE_TIMEOUT,
+            )),
         })
     }
 
@@ -116,7 +120,7 @@ impl FencedRedis {
         validate_namespace(namespace)?;
         Ok(FencedRedis {
             namespace: Arc::from(namespace),
-            connections: Arc::clone(&self.connections),
+            pool: Arc::clone(&self.pool),
         })
     }
 
@@ -164,8 +168,8 @@ impl FencedRedis {
     /// connection errors, timeouts, and [`Error::Redis`] if the value is not a string.
     pub fn get(&self, resource: &str) -> Result<Option<Vec<u8>>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        self.connections
-            .run(true, |con| redis::cmd("GET").arg(&keys.data).query(con))
+        self.pool
+            .run(|con, _retry| redis::cmd("GET").arg(&keys.data).query(con))
     }
 
     /// Deletes the value of `resource`, unless a token higher than `token` was accepted for it.
@@ -256,8 +260,8 @@ impl FencedRedis {
     pub fn highest_token(&self, resource: &str) -> Result<Option<FencingToken>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
         let highest: Option<u64> = self
-            .connections
-            .run(true, |con| redis::cmd("GET").arg(&keys.accepted).query(con))?;
+            .pool
+            .run(|con, _retry| redis::cmd("GET").arg(&keys.accepted).query(con))?;
         Ok(highest.map(FencingToken::from))
     }
 
@@ -278,8 +282,7 @@ impl FencedRedis {
         }
         // Not repeated on a broken connection: the first run may have been applied, and an
         // increment must not be applied twice.
-        let (applied, reply): (i64, redis::Value) =
-            self.connections.run(false, |con| call.invoke(con))?;
+        let (applied, reply): (i64, redis::Value) = self.pool.run_once(|con| call.invoke(con))?;
         let parsed = if applied == 1 {
             T::from_redis_value(reply).map(Ok)
         } else {
@@ -327,76 +330,6 @@ impl ResourceKeys {
             data: format!("{namespace}:data:{{{tag}}}"),
             accepted: format!("{namespace}:accepted:{{{tag}}}"),
         })
-    }
-}
-
-/// Plain connections made on demand and kept for reuse.
-struct Connections {
-    client: redis::Client,
-    idle: Mutex<Vec<redis::Connection>>,
-}
-
-impl Connections {
-    /// Runs `f` on an idle or fresh connection. If the connection turns out to be broken (Redis
-    /// restarted since it was made, say), every idle connection is dropped as well; a
-    /// `repeatable` `f` then runs once more on a fresh connection.
-    fn run<T>(
-        &self,
-        repeatable: bool,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T> {
-        let mut con = self.checkout()?;
-        match f(&mut con) {
-            Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
-                self.idle().clear();
-                if !repeatable {
-                    return Err(Error::from_redis(e));
-                }
-                let mut con = self.connect()?;
-                let result = f(&mut con);
-                self.checkin(con, &result);
-                result.map_err(Error::from_redis)
-            }
-            result => {
-                self.checkin(con, &result);
-                result.map_err(Error::from_redis)
-            }
-        }
-    }
-
-    fn checkout(&self) -> Result<redis::Connection> {
-        match self.idle().pop() {
-            Some(con) => Ok(con),
-            None => self.connect(),
-        }
-    }
-
-    fn connect(&self) -> Result<redis::Connection> {
-        crate::pool::connect(&self.client, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT)
-            .map_err(Error::from_redis)
-    }
-
-    /// Keeps `con` unless its last command failed below the Redis protocol: after a timeout the
-    /// late reply would be read as the answer to the next command.
-    fn checkin<T>(&self, con: redis::Connection, result: &redis::RedisResult<T>) {
-        let suspect = match result {
-            Ok(_) => false,
-            Err(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
-        };
-        if suspect || !con.is_open() {
-            return;
-        }
-        let mut idle = self.idle();
-        if idle.len() < MAX_IDLE {
-            idle.push(con);
-        }
-    }
-
-    fn idle(&self) -> MutexGuard<'_, Vec<redis::Connection>> {
-        // A panic while holding the lock cannot leave the list inconsistent: take it anyway.
-        self.idle
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -101,9 +101,10 @@ impl Grant {
         self.confirmed().lease
     }
 
-    /// When the last confirmation was sent.
-    pub(crate) fn confirmed_at(&self) -> Instant {
-        self.confirmed().sent
+    /// When the lease is next due for renewal: a third of a lease after its last confirmation.
+    pub(crate) fn next_renewal(&self) -> Instant {
+        let confirmed = self.confirmed();
+        confirmed.sent + confirmed.lease / 3
     }
 
     /// A renewal or extend sent at `sent`, setting `lease`, succeeded. Returns false, and marks

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
 
-use crate::config::Config;
 use crate::error::{Error, Result};
 
 pub(crate) struct Conn {
@@ -66,6 +65,19 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
+/// A client for `url`, with Nagle's algorithm off on its connections. redis-rs leaves it on,
+/// and then a pipeline that spans several TCP segments (a renewal batch) can wait for a delayed
+/// ACK: batches of a few hundred extends took 100-400 ms on loopback, long enough to lose leases.
+pub(crate) fn client(url: &str) -> Result<redis::Client> {
+    let invalid = |e: redis::RedisError| Error::invalid("url", format!("{e}"));
+    let info = redis::Client::open(url)
+        .map_err(invalid)?
+        .get_connection_info()
+        .clone();
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    redis::Client::open(info.set_tcp_settings(tcp)).map_err(invalid)
+}
+
 /// Connects with the connection timeout and arms the response timeout for reads and writes.
 pub(crate) fn connect(
     client: &redis::Client,
@@ -91,39 +103,40 @@ impl r2d2::HandleError<redis::RedisError> for DebugLog {
 pub(crate) struct Pool {
     pool: r2d2::Pool<Manager>,
     generations: Arc<Generations>,
-    size: u32,
 }
 
 impl Pool {
-    pub(crate) fn new(client: redis::Client, config: &Config) -> Pool {
+    pub(crate) fn new(
+        client: redis::Client,
+        size: u32,
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Pool {
         let generations = Arc::new(Generations::default());
         let manager = Manager {
             client,
-            connection_timeout: config.connection_timeout,
-            response_timeout: config.response_timeout,
+            connection_timeout,
+            response_timeout,
             generations: Arc::clone(&generations),
         };
         let pool = r2d2::Pool::builder()
-            .max_size(config.pool_size)
+            .max_size(size)
             .min_idle(Some(0))
             .test_on_check_out(true)
-            .connection_timeout(config.connection_timeout)
+            .connection_timeout(connection_timeout)
             .error_handler(Box::new(DebugLog))
             .build_unchecked(manager);
-        Pool {
-            pool,
-            generations,
-            size: config.pool_size,
-        }
+        Pool { pool, generations }
     }
 
-    pub(crate) fn get(&self) -> Result<r2d2::PooledConnection<Manager>> {
+    fn get(&self) -> Result<r2d2::PooledConnection<Manager>> {
         let started = Instant::now();
         self.pool.get().map_err(|e| {
             let state = self.pool.state();
-            if state.connections >= self.size && state.idle_connections == 0 {
+            let size = self.pool.max_size();
+            if state.connections >= size && state.idle_connections == 0 {
                 Error::PoolExhausted {
-                    size: self.size,
+                    size,
                     waited: started.elapsed(),
                 }
             } else {
@@ -141,17 +154,28 @@ impl Pool {
         mut f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut conn = self.get()?;
-        let result = match f(&mut conn.con, false) {
-            Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
-                self.retire_all();
-                drop(conn);
-                conn = self.get()?;
-                f(&mut conn.con, true)
-            }
-            other => other,
-        };
-        conn.timed_out = result.as_ref().is_err_and(|e| e.is_timeout());
-        result.map_err(Error::from_redis)
+        let mut result = f(&mut conn.con, false);
+        if result.as_ref().is_err_and(broke) {
+            self.retire_all();
+            drop(conn);
+            conn = self.get()?;
+            result = f(&mut conn.con, true);
+        }
+        finish(&mut conn, result)
+    }
+
+    /// Runs `f` once, for work that must not be repeated (the first run may have taken effect
+    /// before a connection broke). A broken connection still retires every older one.
+    pub(crate) fn run_once<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut conn = self.get()?;
+        let result = f(&mut conn.con);
+        if result.as_ref().is_err_and(broke) {
+            self.retire_all();
+        }
+        finish(&mut conn, result)
     }
 
     /// Every connection made so far predates the break we just saw; none is worth a failed call.
@@ -161,4 +185,15 @@ impl Pool {
             .stale_below
             .fetch_max(made, Ordering::Relaxed);
     }
+}
+
+/// The connection broke under the command (a restart, say), as opposed to a reply that is late.
+fn broke(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_timeout()
+}
+
+/// Marks a connection whose command timed out, so the pool discards it, and maps the error.
+fn finish<T>(conn: &mut Conn, result: redis::RedisResult<T>) -> Result<T> {
+    conn.timed_out = result.as_ref().is_err_and(|e| e.is_timeout());
+    result.map_err(Error::from_redis)
 }

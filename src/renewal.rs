@@ -71,7 +71,7 @@ impl Renewal {
     /// Starts tracking a grant. Returns false if the thread is gone.
     pub(crate) fn hold(&self, grant: Arc<Grant>) -> bool {
         let due = if grant.auto_renew {
-            grant.confirmed_at() + grant.lease() / 3
+            grant.next_renewal()
         } else {
             grant.deadline()
         };
@@ -224,7 +224,7 @@ impl Renewer {
             Command::Hold(grant) => {
                 let id = grant.id;
                 let deadline = grant.deadline();
-                let next = grant.confirmed_at() + grant.lease() / 3;
+                let next = grant.next_renewal();
                 self.deadlines.insert((deadline, id));
                 self.held.insert(
                     id,
@@ -420,12 +420,16 @@ impl Renewer {
     }
 
     fn connection(&mut self, batch: &[Arc<Grant>]) -> redis::RedisResult<&mut redis::Connection> {
-        // A reply is worth waiting for until the first deadline in the batch: after that it can
-        // no longer save that lease, and the thread has a loss to report. Connecting is bounded
-        // the same way, so the thread is never stuck past a deadline it has to report.
+        // A reply is worth waiting for as long as it can save any lease of the batch: until its
+        // last deadline. Bounding it by the *first* deadline instead lets one lease that is nearly
+        // out shrink the budget of the whole pipeline, which then times out, and every retry has
+        // less time than the one before: under load, the whole batch spirals into loss. Leases
+        // whose deadline passes meanwhile are lost all the same: `is_held()` turns false by
+        // itself, and a confirmation that comes late cannot revive them. Connecting is bounded
+        // the same way.
         let now = Instant::now();
-        let first_deadline = batch.iter().map(|g| g.deadline()).min().unwrap_or(now);
-        let timeout = first_deadline
+        let last_deadline = batch.iter().map(|g| g.deadline()).max().unwrap_or(now);
+        let timeout = last_deadline
             .saturating_duration_since(now)
             .max(MIN_TIMEOUT)
             .min(self.response_timeout);

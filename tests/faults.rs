@@ -24,7 +24,9 @@ use crossbeam_channel::{RecvTimeoutError, TryRecvError};
 use fencelock::{Builder, LockClient, LockGuard};
 use support::history::{History, Hold};
 use support::proxy::{Mode, Proxy};
-use support::{example_bin, lock_client, ms, Child, RedisServer, NAMESPACE};
+use support::{
+    example_bin, lock_client, lock_exists, lock_pttl, ms, Child, RedisServer, NAMESPACE,
+};
 
 // ---------------------------------------------------------------------------
 // helpers
@@ -35,20 +37,8 @@ fn builder(url: String, lease: Duration) -> Builder {
     LockClient::builder(url).namespace(NAMESPACE).lease(lease)
 }
 
-fn lock_key(key: &str) -> String {
-    format!("{NAMESPACE}:lock:{{{key}}}")
-}
-
 fn fence_key(key: &str) -> String {
     format!("{NAMESPACE}:fence:{{{key}}}")
-}
-
-fn lock_exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(lock_key(key)).query(con).unwrap()
-}
-
-fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(lock_key(key)).query(con).unwrap()
 }
 
 /// The key's fence counter (its last token), if any grant ever ran.

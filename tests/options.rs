@@ -7,14 +7,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fencelock::{LockClient, LockOptions};
-use support::{lock_client, ms, RedisServer};
+use support::{lock_client, lock_pttl, ms, RedisServer};
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {
-    let mut con = server.connection();
-    redis::cmd("PTTL")
-        .arg(format!("test:lock:{{{key}}}"))
-        .query(&mut con)
-        .unwrap()
+    lock_pttl(&mut server.connection(), key)
 }
 
 #[test]
@@ -50,18 +46,18 @@ fn without_renewal_the_lease_runs_out_and_is_reported() {
 fn extend_keeps_an_unrenewed_lock_and_sets_the_lease() {
     let server = RedisServer::start();
     let client = lock_client(&server, 30_000);
-    let options = LockOptions::new().lease(ms(200)).renew(false);
+    let options = LockOptions::new().lease(ms(600)).renew(false);
     let guard = client.lock_with("extended", &options).unwrap();
-    let until = Instant::now() + ms(1_000);
+    let until = Instant::now() + ms(2_000);
     while Instant::now() < until {
-        thread::sleep(ms(60));
-        guard.extend(ms(200)).unwrap();
+        thread::sleep(ms(150));
+        guard.extend(ms(600)).unwrap();
         assert!(guard.is_held());
     }
     guard.extend(ms(3_000)).unwrap();
     assert!(pttl(&server, "extended") > 2_000);
     // The longer lease now counts locally too.
-    thread::sleep(ms(400));
+    thread::sleep(ms(900));
     assert!(guard.is_held());
     assert!(guard.extend(ms(1)).unwrap_err().is_invalid_argument());
     guard.unlock().unwrap();
@@ -86,30 +82,30 @@ fn extend_of_a_lost_lock_reports_the_loss() {
 #[test]
 fn max_hold_stops_renewal_and_reports_loss() {
     let server = RedisServer::start();
-    let client = lock_client(&server, 100);
-    let rival = lock_client(&server, 100);
+    let client = lock_client(&server, 300);
+    let rival = lock_client(&server, 300);
     let granted = Instant::now();
     let guard = client
-        .lock_with("bounded", &LockOptions::new().max_hold(ms(400)))
+        .lock_with("bounded", &LockOptions::new().max_hold(ms(1_200)))
         .unwrap();
     assert!(
-        guard.lost().recv_timeout(ms(2_000)).is_ok(),
+        guard.lost().recv_timeout(ms(4_000)).is_ok(),
         "never stopped"
     );
     let held_for = granted.elapsed();
     // Renewed while under the bound (several leases), then it ran out within about a lease.
     assert!(
-        held_for >= ms(350),
+        held_for >= ms(1_150),
         "lost after {held_for:?}, before its bound"
     );
-    assert!(held_for <= ms(400 + 100 + 150), "lost after {held_for:?}");
+    assert!(held_for <= ms(1_200 + 300 + 300), "lost after {held_for:?}");
     assert!(rival.try_lock("bounded", ms(500)).unwrap().is_some());
 
     // A hold that ends before its bound is unaffected.
     let early = client
-        .lock_with("early", &LockOptions::new().max_hold(ms(2_000)))
+        .lock_with("early", &LockOptions::new().max_hold(ms(4_000)))
         .unwrap();
-    thread::sleep(ms(300));
+    thread::sleep(ms(900));
     assert!(early.is_held());
     early.unlock().unwrap();
 }

@@ -5,14 +5,10 @@ mod support;
 
 use std::time::Duration;
 
-use support::{lock_client, ms, RedisServer};
+use support::{lock_client, lock_exists, ms, RedisServer};
 
 fn exists(server: &RedisServer, key: &str) -> bool {
-    let mut con = server.connection();
-    redis::cmd("EXISTS")
-        .arg(format!("test:lock:{{{key}}}"))
-        .query(&mut con)
-        .unwrap()
+    lock_exists(&mut server.connection(), key)
 }
 
 #[test]

@@ -515,6 +515,21 @@ fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
 pub const NAMESPACE: &str = "test";
 
 /// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of
+/// The Redis lock key of `key` under [`NAMESPACE`] (test keys need no escaping).
+pub fn lock_key(key: &str) -> String {
+    format!("{NAMESPACE}:lock:{{{key}}}")
+}
+
+/// Whether `key` is locked in Redis right now.
+pub fn lock_exists(con: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(lock_key(key)).query(con).unwrap()
+}
+
+/// The remaining lease of `key`'s lock in Redis, in ms (-2: not locked).
+pub fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(lock_key(key)).query(con).unwrap()
+}
+
 /// `lease_ms` milliseconds. Panics if the builder rejects it.
 pub fn lock_client(server: &RedisServer, lease_ms: u64) -> fencelock::LockClient {
     fencelock::LockClient::builder(server.url())
