@@ -16,9 +16,9 @@ use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
-use crate::scripts::{self, Acquire, Released};
+use crate::scripts::{self, Acquire, Released, Releaser};
 use crate::token::FencingToken;
-use crate::wait::{self, Waited, Waiters, Wake};
+use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake};
 
 /// A handle to lock keys on one Redis server.
 ///
@@ -53,6 +53,11 @@ pub struct LockClient {
 
 struct Inner {
     config: Config,
+    /// Every owner id of this client starts with this: a random id for the client, and `:`.
+    owner_prefix: String,
+    next_owner: AtomicU64,
+    /// The namespace's release channel, where handoffs to other clients' waiters are published.
+    channel: String,
     /// Which grant, taken by which thread, holds each key this client holds: the deadlock check.
     holders: Mutex<HashMap<String, (u64, ThreadId)>>,
     pool: Pool,
@@ -79,9 +84,14 @@ impl LockClient {
     pub(crate) fn start(client: redis::Client, config: Config) -> Result<LockClient> {
         let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
         let waiters = Arc::new(Waiters::default());
+        let channel = release_channel(&config.namespace);
+        // One random id per client, a counter per lock call: owner ids never repeat, cost no
+        // system call each, and tell a client which handoffs are addressed to it.
+        let owner_prefix = format!("{}:", Uuid::new_v4().simple());
         wait::spawn_dispatcher(
             client.clone(),
-            release_channel(&config.namespace),
+            channel.clone(),
+            owner_prefix.clone(),
             config.connection_timeout,
             Arc::downgrade(&waiters),
         )
@@ -102,6 +112,9 @@ impl LockClient {
                     config.response_timeout,
                 ),
                 config,
+                owner_prefix,
+                next_owner: AtomicU64::new(0),
+                channel,
                 waiters,
                 renewal,
                 next_grant: AtomicU64::new(0),
@@ -235,82 +248,197 @@ impl LockClient {
 
     fn acquire_once(&self, key: &str, options: &LockOptions) -> Result<Option<LockGuard>> {
         let keys = self.prepare(key, options)?;
-        let owner = new_owner();
+        let owner = self.new_owner();
         let lease = options.lease.unwrap_or(self.inner.config.lease);
         let sent = Instant::now();
-        Ok(match self.attempt(&keys, &owner, lease)? {
+        Ok(match self.attempt(&keys, &owner, lease, false)? {
             Acquire::Granted(token) => Some(self.grant(keys, owner, token, sent, lease, options)),
             Acquire::Held(_) => None,
         })
     }
 
-    /// Waits in the key's local queue, attempting whenever at its head and woken, until granted,
-    /// `deadline`, or cancelled.
+    /// Waits in the key's local queue until granted, `deadline`, or cancelled: at its head it
+    /// attempts when woken, and takes a lock handed to it by a release.
     fn acquire(
         &self,
         key: &str,
         deadline: Option<Instant>,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
+        loop {
+            match self.acquire_round(key, deadline, options)? {
+                Round::Granted(guard) => return Ok(Some(guard)),
+                Round::Deadline => return Ok(None),
+                Round::Stale => {}
+            }
+        }
+    }
+
+    fn acquire_round(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+    ) -> Result<Round> {
         let keys = self.prepare(key, options)?;
-        let owner = new_owner();
+        let owner = self.new_owner();
         let lease = options.lease.unwrap_or(self.inner.config.lease);
-        let ticket = self.inner.waiters.join(&keys.tag);
-        let mut attempt = ticket.is_head();
+        let mut wait = Wait {
+            ticket: self.inner.waiters.join(&keys.tag, &owner, lease),
+            queued: false,
+            refused: Instant::now(),
+        };
+        let found = self.wait_for_grant(&keys, &owner, lease, deadline, options, &mut wait);
+        if let Ok(Some((token, sent))) = found {
+            wait.ticket.leave_granted();
+            return self.take(keys, owner, token, sent, lease, options);
+        }
+        // Leaving without a grant; a handoff may have reached us all the same.
+        let (late, named) = wait.ticket.leave();
+        if let Some(Wake::Granted { token, since }) = late {
+            let sent = since.unwrap_or(wait.refused);
+            if let Ok(None) = found {
+                // Granted before we gave up: better taken than handed on.
+                return self.take(keys, owner, token, sent, lease, options);
+            }
+            let _ = self.hand_over(&keys, &owner, false);
+        } else if wait.queued || named {
+            // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
+            // is passed on. On failure, the entry expires by itself.
+            if let Err(e) = self.hand_over(&keys, &owner, true) {
+                log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
+            }
+        }
+        found.map(|_| Round::Deadline)
+    }
+
+    /// The waiting loop of [`acquire`](LockClient::acquire): the token and the lower bound of the lease's start, or
+    /// `None` at `deadline`.
+    fn wait_for_grant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+        wait: &mut Wait,
+    ) -> Result<Option<(FencingToken, Instant)>> {
+        let mut attempt = wait.ticket.is_head();
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
-        // publishes no release, so the head retries then.
+        // releases nothing, so the head attempts then.
         let mut holder_expiry: Option<Instant> = None;
         loop {
             if attempt {
                 let sent = Instant::now();
-                match self.attempt(&keys, &owner, lease)? {
-                    Acquire::Granted(token) => {
-                        ticket.leave_granted(lease);
-                        return Ok(Some(self.grant(keys, owner, token, sent, lease, options)));
-                    }
+                match self.attempt(keys, owner, lease, true)? {
+                    Acquire::Granted(token) => return Ok(Some((token, sent))),
                     Acquire::Held(pttl) => {
+                        wait.queued = true;
+                        wait.refused = sent;
                         // A key without expiry was not set by fencelock; look again a lease later.
-                        let wait = pttl.unwrap_or(lease) + Duration::from_millis(1);
-                        holder_expiry = Instant::now().checked_add(wait);
+                        let after = pttl.unwrap_or(lease) + Duration::from_millis(1);
+                        holder_expiry = Instant::now().checked_add(after);
                     }
                 }
             }
+            attempt = false;
             let until = deadline.into_iter().chain(holder_expiry).min();
-            match ticket.wait(until, options.cancel.as_ref()) {
-                Waited::Woken(Wake::Attempt) => attempt = true,
-                Waited::Woken(Wake::HeadBehindLocalHolder(holder_lease)) => {
-                    attempt = false;
-                    holder_expiry = Instant::now().checked_add(holder_lease);
+            match wait.ticket.wait(until, options.cancel.as_ref()) {
+                Waited::Woken(wakes) => {
+                    for wake in wakes {
+                        match wake {
+                            Wake::Granted { token, since } => {
+                                // The handoff came after our last refused attempt, or the
+                                // release that queued us, or (at worst) our joining.
+                                return Ok(Some((token, since.unwrap_or(wait.refused))));
+                            }
+                            Wake::Attempt => attempt = true,
+                            Wake::Queued { retry_after, since } => {
+                                wait.queued = true;
+                                wait.refused = since;
+                                holder_expiry = Instant::now()
+                                    .checked_add(retry_after + Duration::from_millis(1));
+                            }
+                        }
+                    }
                 }
                 Waited::Cancelled => return Err(Error::Cancelled),
                 Waited::TimedOut => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Ok(None);
                     }
-                    attempt = ticket.is_head();
+                    attempt = wait.ticket.is_head();
                 }
             }
         }
     }
 
-    /// One run of the acquire script (and WAIT, if replica acks are required).
-    fn attempt(&self, keys: &LockKeys, owner: &str, lease: Duration) -> Result<Acquire> {
+    /// Turns a token into a guard. A lock handed over by a release started its lease at some
+    /// unknown moment after `sent`; if little of it is left by that count, one extend confirms
+    /// it before the holder relies on it.
+    fn take(
+        &self,
+        keys: LockKeys,
+        owner: String,
+        token: FencingToken,
+        sent: Instant,
+        lease: Duration,
+        options: &LockOptions,
+    ) -> Result<Round> {
+        let guard = self.grant(keys, owner, token, sent, lease, options);
+        if sent.elapsed() > lease / 2 {
+            match guard.extend(lease) {
+                Ok(()) => {}
+                // It ran out before we heard of it: wait again.
+                Err(e) if e.is_lock_lost() => return Ok(Round::Stale),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(acks) = self.inner.config.replica_acks {
+            // A handoff was written by the releaser's script: count the replicas that have it.
+            let acked: u32 = self.inner.pool.run(|con, _| {
+                redis::cmd("WAIT")
+                    .arg(acks.replicas)
+                    .arg(scripts::millis(acks.timeout))
+                    .query(con)
+            })?;
+            if acked < acks.replicas {
+                let _ = guard.unlock();
+                return Err(Error::NotReplicated {
+                    acked,
+                    required: acks.replicas,
+                });
+            }
+        }
+        Ok(Round::Granted(guard))
+    }
+
+    /// One run of the acquire script (and WAIT, if replica acks are required). `queue`: join
+    /// Redis' queue for the key if the lock is held.
+    fn attempt(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        queue: bool,
+    ) -> Result<Acquire> {
         let acks = self.inner.config.replica_acks;
         self.inner.pool.run(|con, _retry| {
-            match scripts::acquire(con, keys, owner, lease, acks) {
+            match scripts::acquire(con, keys, owner, lease, queue, acks) {
                 Err(e) if e.is_timeout() => {
                     // The script may still run and grant us the lock we are about to report as
-                    // not taken. A compare-and-delete sent on the same connection runs after it,
-                    // whatever it did. (A retry of the whole closure after a broken connection
-                    // is safe too: the script treats a lock already ours as granted.)
-                    let _ = scripts::release(con, keys, owner);
+                    // not taken. A release sent on the same connection runs after it, whatever
+                    // it did, and takes us out of the queue. (A retry of the whole closure after
+                    // a broken connection is safe too: the script treats a lock already ours as
+                    // granted.)
+                    let _ = scripts::release(con, keys, owner, true, &self.releaser(None));
                     Err(e)
                 }
                 Err(e) => Err(e),
                 Ok((found, acked)) => match (found, acks, acked) {
                     (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
                         // Too few replicas have it, so a failover could lose it: give it back.
-                        scripts::release(con, keys, owner)?;
+                        scripts::release(con, keys, owner, false, &self.releaser(None))?;
                         Ok(Err(Error::NotReplicated {
                             acked,
                             required: acks.replicas,
@@ -320,6 +448,20 @@ impl LockClient {
                 },
             }
         })?
+    }
+
+    fn releaser<'a>(&'a self, next: Option<(&'a str, Duration, bool)>) -> Releaser<'a> {
+        Releaser {
+            channel: &self.inner.channel,
+            prefix: &self.inner.owner_prefix,
+            next,
+        }
+    }
+
+    /// A fresh owner id for every lock call: never reused, and not derivable from the key.
+    fn new_owner(&self) -> String {
+        let n = self.inner.next_owner.fetch_add(1, Ordering::Relaxed);
+        format!("{}{n}", self.inner.owner_prefix)
     }
 
     fn grant(
@@ -342,6 +484,7 @@ impl LockClient {
             sent,
             !options.no_renewal,
             options.max_hold,
+            Arc::downgrade(&self.inner.waiters),
         );
         let grant = Arc::new(grant);
         self.holders()
@@ -399,8 +542,8 @@ impl LockClient {
         }
     }
 
-    /// Releases a grant: stops its renewal, then compare-and-delete. Logs failures at warn, so
-    /// `Drop` can stay silent.
+    /// Releases a grant: stops its renewal, then compare-and-delete, or compare-and-hand-over
+    /// to the next waiter. Logs failures at warn, so `Drop` can stay silent.
     pub(crate) fn release(&self, grant: &Grant) -> Result<()> {
         let was_held = grant.is_held();
         grant.end();
@@ -415,33 +558,29 @@ impl LockClient {
             }
         }
         let user = &grant.keys.user;
-        let mut reply_lost = false;
-        let released = self.inner.pool.run(|con, retry| {
-            reply_lost = retry;
-            scripts::release(con, &grant.keys, &grant.owner)
-        });
-        // Unless the release was published (and comes back to this client's own subscription),
-        // wake the thread of this client queued behind us: it never asked Redis, so it set no
-        // wait mark, and whatever happened to our lock, the key may be free now.
-        if !matches!(released, Ok(Released::Published)) {
-            self.inner.waiters.released(&grant.keys.tag);
-        }
+        let (released, reply_lost) = match self.hand_over(&grant.keys, &grant.owner, false) {
+            Ok(found) => found,
+            Err(e) => {
+                log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
+                return Err(e);
+            }
+        };
         match released {
-            Ok(Released::Published | Released::Quietly) => {
+            Released::Freed | Released::HandedOver { .. } => {
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
                 Ok(())
             }
             // The first run may have deleted the key before its connection broke: if we still
             // held the lock then, that is the likelier story. Either way nothing of anyone else's
             // was touched. A lock already known lost stays reported as lost.
-            Ok(Released::NotOurs) if reply_lost && was_held => {
+            Released::NotOurs if reply_lost && was_held => {
                 log::debug!(
                     "fencelock: released {user:?} (token {}) on a retry",
                     grant.token
                 );
                 Ok(())
             }
-            Ok(Released::NotOurs) => {
+            Released::NotOurs => {
                 if grant.mark_lost("it was no longer ours at release") {
                     log::warn!(
                         "fencelock: {user:?} (token {}) was no longer ours at release",
@@ -450,21 +589,126 @@ impl LockClient {
                 }
                 Err(Error::LockLost { key: user.clone() })
             }
-            Err(e) => {
-                log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
-                Err(e)
-            }
         }
     }
+
+    /// Runs the release script for `owner` (a holder's release, or with `withdraw` a waiter
+    /// leaving the queue), naming this client's next waiter for the key, and tells that waiter
+    /// what became of it. Returns what the script found for `owner`, and whether its first
+    /// reply was lost to a broken connection (so it ran again).
+    fn hand_over(&self, keys: &LockKeys, owner: &str, withdraw: bool) -> Result<(Released, bool)> {
+        let mut first = None;
+        // After the first run, each run gives back a handoff to a waiter of ours that left
+        // before hearing of it, or takes such a waiter out of Redis' queue, in its name.
+        let mut runs = vec![(owner.to_owned(), withdraw)];
+        for _ in 0..MAX_HANDOVERS {
+            let Some((owner, withdraw)) = runs.pop() else {
+                break;
+            };
+            let next = self.inner.waiters.next(&keys.tag);
+            let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), n.first));
+            let sent = Instant::now();
+            let mut reply_lost = false;
+            let released = self.inner.pool.run(|con, retry| {
+                reply_lost |= retry;
+                scripts::release(con, keys, &owner, withdraw, &self.releaser(next_ref))
+            });
+            let released = match released {
+                Ok(released) => released,
+                Err(e) => {
+                    // Whatever happened, the key may be free for our next waiter. A handoff we
+                    // could not give back expires with its waiter's lease.
+                    self.inner.waiters.wake_head(&keys.tag);
+                    match first {
+                        None => return Err(e),
+                        Some(_) => {
+                            log::warn!("fencelock: giving back a handoff failed: {e}");
+                            break;
+                        }
+                    }
+                }
+            };
+            match (&released, next) {
+                (
+                    Released::HandedOver {
+                        token, owner: to, ..
+                    },
+                    Some(next),
+                ) if to == next.owner() => {
+                    self.inner.waiters.handed(&keys.tag, true);
+                    let wake = Wake::Granted {
+                        token: *token,
+                        since: Some(sent),
+                    };
+                    if let Err(Left::Empty) = self.inner.waiters.deliver_to(&next, wake) {
+                        // It left, maybe after leaving Redis' queue too: give the lock back.
+                        runs.push((to.clone(), false));
+                    }
+                }
+                (
+                    Released::HandedOver {
+                        token,
+                        owner: to,
+                        lease,
+                    },
+                    next,
+                ) => {
+                    self.inner.waiters.handed(&keys.tag, false);
+                    if to.starts_with(&self.inner.owner_prefix) {
+                        // One of ours that queued in Redis: if it left meanwhile, its leaving
+                        // gives the lock back.
+                        let wake = Wake::Granted {
+                            token: *token,
+                            since: Some(sent),
+                        };
+                        self.inner.waiters.deliver(&keys.tag, to, wake);
+                    }
+                    if let Some(next) = next {
+                        // The script put it in Redis' queue behind `to`.
+                        let wake = Wake::Queued {
+                            retry_after: *lease,
+                            since: sent,
+                        };
+                        if let Err(Left::Empty) = self.inner.waiters.deliver_to(&next, wake) {
+                            runs.push((next.owner().to_owned(), true));
+                        }
+                    }
+                }
+                (Released::NotOurs | Released::Freed, next) => {
+                    if next.is_some() {
+                        self.inner.waiters.wake_head(&keys.tag);
+                    }
+                }
+            }
+            first.get_or_insert((released, reply_lost));
+        }
+        first.ok_or_else(|| Error::Connection("no release was attempted".into()))
+    }
+}
+
+/// Bounds the rounds of one release: see [`LockClient::hand_over`].
+const MAX_HANDOVERS: usize = 64;
+
+/// How one round of waiting ended.
+enum Round {
+    Granted(LockGuard),
+    Deadline,
+    /// A handoff reached us too late to be used.
+    Stale,
+}
+
+/// A waiter's state between attempts.
+struct Wait {
+    ticket: Ticket,
+    /// Whether an attempt of ours was refused, which puts us in Redis' queue.
+    queued: bool,
+    /// When the last refused attempt (or the release that queued us) was sent: any handoff to
+    /// us came after it. At first, when we joined: nobody could name us before.
+    refused: Instant,
 }
 
 fn is_ready(cancel: &Receiver<()>) -> bool {
     !matches!(cancel.try_recv(), Err(TryRecvError::Empty))
-}
-
-/// A fresh owner id for every lock call: never reused, and not derivable from the key.
-fn new_owner() -> String {
-    Uuid::new_v4().to_string()
 }
 
 impl fmt::Debug for LockClient {

@@ -1,13 +1,14 @@
 //! The state of one grant, shared by its guard and the renewal thread.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::key::LockKeys;
 use crate::token::FencingToken;
+use crate::wait::Waiters;
 
 pub(crate) struct Grant {
     /// Unique within the client; names the grant to the renewal thread.
@@ -31,6 +32,9 @@ pub(crate) struct Grant {
     /// (most never do, and a channel is most of a grant's memory). Sent to once and dropped
     /// when the grant is lost.
     lost_tx: Mutex<Option<Sender<()>>>,
+    /// The client's waiters: a thread of ours queued for this key waits for our release, which
+    /// hands the lock to it; if the lock is lost instead, the loss wakes it to ask Redis.
+    waiters: Weak<Waiters>,
 }
 
 #[derive(Clone, Copy)]
@@ -60,6 +64,7 @@ impl Grant {
         sent: Instant,
         auto_renew: bool,
         max_hold: Option<Duration>,
+        waiters: Weak<Waiters>,
     ) -> Grant {
         Grant {
             id,
@@ -72,6 +77,7 @@ impl Grant {
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_tx: Mutex::new(None),
+            waiters,
         }
     }
 
@@ -168,6 +174,9 @@ impl Grant {
             .take()
         {
             let _ = tx.try_send(());
+        }
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.wake_head(&self.keys.tag);
         }
         true
     }

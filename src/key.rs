@@ -23,11 +23,11 @@ pub(crate) struct LockKeys {
     pub(crate) lock: String,
     /// `<namespace>:fence:{<tag>}`: the fencing counter; never expires.
     pub(crate) fence: String,
-    /// `<namespace>:waiting:{<tag>}`: set by attempts that found the lock held, so that the
-    /// release publishes only when someone waits.
-    pub(crate) waiting: String,
-    /// `<namespace>:released`: the namespace's release channel; messages carry `tag`.
-    pub(crate) channel: String,
+    /// `<namespace>:queue:{<tag>}`: the owner ids of waiters (one per waiting client), oldest
+    /// first, to which a release hands the lock.
+    pub(crate) queue: String,
+    /// `<namespace>:waiters:{<tag>}`: each queued owner id's expiry and lease.
+    pub(crate) entries: String,
 }
 
 impl LockKeys {
@@ -38,13 +38,14 @@ impl LockKeys {
             user: key.to_owned(),
             lock: format!("{namespace}:lock:{{{tag}}}"),
             fence: format!("{namespace}:fence:{{{tag}}}"),
-            waiting: format!("{namespace}:waiting:{{{tag}}}"),
-            channel: release_channel(namespace),
+            queue: format!("{namespace}:queue:{{{tag}}}"),
+            entries: format!("{namespace}:waiters:{{{tag}}}"),
             tag,
         })
     }
 }
 
+/// `<namespace>:released`: where a release that hands a lock to another client's waiter says so.
 pub(crate) fn release_channel(namespace: &str) -> String {
     format!("{namespace}:released")
 }

@@ -8,7 +8,8 @@
 //!
 //! - a blocking API: [`LockClient::lock`] waits, [`LockClient::try_lock`] waits at most a
 //!   timeout, and both return an RAII [`LockGuard`];
-//! - waiting without polling: a release wakes the next waiter at once over pub/sub;
+//! - waiting without polling: a release hands the lock straight to the next waiter, in the same
+//!   script call, in arrival order;
 //! - a background renewal thread that keeps every held lease alive and tells the holder at
 //!   once when a lease was lost anyway.
 //!

@@ -1,84 +1,196 @@
-//! Waiting without polling: local FIFO queues per key, woken by one pub/sub connection.
+//! Waiting without polling: local FIFO queues per key, a queue per key in Redis, and handoff.
 //!
 //! Threads of one client that wait for one key queue here in arrival order, and only the head of
-//! the queue talks to Redis. The release script publishes the escaped key on the namespace's
-//! release channel; this client's dispatcher thread, subscribed to that channel, wakes the head
-//! of that key's queue, which retries at once. Nobody else in the queue is woken: only one can win.
+//! the queue talks to Redis. A refused attempt puts the head's owner id in the key's queue in
+//! Redis (one entry per waiting client), and a release grants the lock straight to the oldest
+//! entry there, in the same script: the waiter learns its token without another round trip.
+//! A release by this client hands the lock to its own next waiter itself (when Redis' queue is
+//! empty; otherwise that waiter joins the back of it), so threads of one process pass a lock
+//! from one to the next with one script call per acquisition. A handoff to another client's
+//! waiter is published on the namespace's channel, `"<token> <owner> <tag>"`; this client's
+//! dispatcher thread, subscribed to it, delivers those addressed to its own owner ids.
 //!
-//! No release can slip between a failed attempt and the wait for its message: a waiter joins its
-//! queue *before* its first attempt, so a message arriving after the attempt finds it. While the
-//! pub/sub connection is down messages are lost, so every (re)subscription wakes every head to
-//! retry. And since a crashed holder publishes nothing, the head also retries when the holder's
-//! lease (as the acquire script reported it) runs out.
+//! No handoff can be missed for good: while the pub/sub connection is down messages are lost, so
+//! every (re)subscription wakes every head to attempt again, and an attempt that finds the lock
+//! already its own takes it. Since a crashed holder releases nothing, the head also attempts
+//! when the holder's lease (as Redis reported it) runs out. A waiter that gives up leaves the
+//! queue in Redis, releasing the lock if a handoff reached it meanwhile.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select, Sender};
 
+use crate::token::FencingToken;
+
 /// Why a waiter was woken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wake {
-    /// It is now the head, behind a holder in this same process that was just granted the lock
-    /// with this lease: wait for that holder's release rather than asking Redis now, and look
-    /// again unprompted once that lease could have run out.
-    HeadBehindLocalHolder(Duration),
     /// The key may be free: try now.
     Attempt,
+    /// A release by this client served another client's waiter and put this one in Redis' queue
+    /// behind it. `retry_after`: the new holder's lease. `since`: when that release was sent.
+    Queued {
+        retry_after: Duration,
+        since: Instant,
+    },
+    /// The lock was handed to this waiter with `token`. Its lease started no earlier than
+    /// `since`, when the handing release was sent; `None` when another client's release did it.
+    Granted {
+        token: FencingToken,
+        since: Option<Instant>,
+    },
 }
 
 /// How a wait ended.
 pub(crate) enum Waited {
-    Woken(Wake),
+    /// Every wake that had piled up, oldest first.
+    Woken(Vec<Wake>),
     TimedOut,
     Cancelled,
 }
 
 struct Slot {
     tx: Sender<Wake>,
+    owner: String,
+    lease: Duration,
+    /// Set when a release of this client may have put `owner` in Redis' queue: leaving without
+    /// a grant must then take it out again.
+    named: AtomicBool,
+    /// How the waiter left the queue; changed only under the queues' lock.
+    left: Mutex<Option<Left>>,
+}
+
+/// How a waiter left its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// With a grant: whatever else was meant for it is not needed.
+    Granted,
+    /// Without one: a handoff that reaches it later must be given back.
+    Empty,
+}
+
+/// A waiter named in a release: the head of its key's queue at the time.
+pub(crate) struct Next {
+    slot: Arc<Slot>,
+    /// Whether it may go before other clients' waiters (see [`LOCAL_RUN`]).
+    pub(crate) first: bool,
+}
+
+/// How many times in a row a client hands a lock to its own next waiter while other clients'
+/// waiters may be queued in Redis. A local handoff costs no pub/sub message and no thread of
+/// another process, so under contention it keeps the lock busy more of the time; the bound
+/// keeps other clients from waiting longer than this many holds for their turn.
+pub(crate) const LOCAL_RUN: u32 = 8;
+
+impl Next {
+    pub(crate) fn owner(&self) -> &str {
+        &self.slot.owner
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        self.slot.lease
+    }
 }
 
 /// Every queue of one client, by escaped key.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    queues: Mutex<HashMap<String, VecDeque<Arc<Slot>>>>,
+    queues: Mutex<HashMap<String, Queue>>,
+}
+
+/// One key's waiters, oldest first.
+#[derive(Default)]
+struct Queue {
+    slots: VecDeque<Arc<Slot>>,
+    /// Local handoffs in a row (see [`LOCAL_RUN`]).
+    run: u32,
 }
 
 impl Waiters {
-    fn queues(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Arc<Slot>>>> {
+    fn queues(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
         // The map stays consistent even if a holder of the mutex panicked mid-way.
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Joins the queue of `tag`; the returned ticket leaves it when dropped.
-    pub(crate) fn join(self: &Arc<Self>, tag: &str) -> Ticket {
+    /// Joins the queue of `tag` as `owner`, wanting `lease`; the returned ticket leaves the
+    /// queue when dropped.
+    pub(crate) fn join(self: &Arc<Self>, tag: &str, owner: &str, lease: Duration) -> Ticket {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let slot = Arc::new(Slot { tx });
+        let slot = Arc::new(Slot {
+            tx,
+            owner: owner.to_owned(),
+            lease,
+            named: AtomicBool::new(false),
+            left: Mutex::new(None),
+        });
         self.queues()
             .entry(tag.to_owned())
             .or_default()
+            .slots
             .push_back(Arc::clone(&slot));
         Ticket {
             waiters: Arc::clone(self),
             tag: tag.to_owned(),
             slot,
             rx,
-            granted: None,
+            granted: false,
+            left: false,
         }
     }
 
-    /// `tag` came free: wake the head of its queue, if any.
-    pub(crate) fn released(&self, tag: &str) {
-        if let Some(head) = self.queues().get(tag).and_then(VecDeque::front) {
+    /// The head of `tag`'s queue, to be named in a release.
+    pub(crate) fn next(&self, tag: &str) -> Option<Next> {
+        let queues = self.queues();
+        let queue = queues.get(tag)?;
+        let head = queue.slots.front()?;
+        head.named.store(true, Ordering::Relaxed);
+        Some(Next {
+            slot: Arc::clone(head),
+            first: queue.run < LOCAL_RUN,
+        })
+    }
+
+    /// Counts a handoff of `tag`: to our own next waiter (`local`) or not.
+    pub(crate) fn handed(&self, tag: &str, local: bool) {
+        if let Some(queue) = self.queues().get_mut(tag) {
+            queue.run = if local { queue.run + 1 } else { 0 };
+        }
+    }
+
+    /// Delivers `wake` to a waiter named in a release; how it left if it no longer waits.
+    pub(crate) fn deliver_to(&self, next: &Next, wake: Wake) -> Result<(), Left> {
+        let _queues = self.queues();
+        match *lock_left(&next.slot) {
+            Some(left) => Err(left),
+            None => {
+                let _ = next.slot.tx.send(wake);
+                Ok(())
+            }
+        }
+    }
+
+    /// Delivers `wake` to the waiter `owner` of `tag`; `false` if it is no longer waiting.
+    pub(crate) fn deliver(&self, tag: &str, owner: &str, wake: Wake) -> bool {
+        self.queues()
+            .get(tag)
+            .and_then(|q| q.slots.iter().find(|s| s.owner == owner))
+            .is_some_and(|slot| slot.tx.send(wake).is_ok())
+    }
+
+    /// `tag` may be free: wake the head of its queue, if any.
+    pub(crate) fn wake_head(&self, tag: &str) {
+        if let Some(head) = self.queues().get(tag).and_then(|q| q.slots.front()) {
             let _ = head.tx.send(Wake::Attempt);
         }
     }
 
-    /// Releases may have gone unheard: wake every head.
+    /// Handoffs may have gone unheard: wake every head.
     fn wake_all_heads(&self) {
-        for head in self.queues().values().filter_map(VecDeque::front) {
+        for head in self.queues().values().filter_map(|q| q.slots.front()) {
             let _ = head.tx.send(Wake::Attempt);
         }
     }
@@ -90,8 +202,8 @@ pub(crate) struct Ticket {
     tag: String,
     slot: Arc<Slot>,
     rx: Receiver<Wake>,
-    /// The lease of our grant, once granted.
-    granted: Option<Duration>,
+    granted: bool,
+    left: bool,
 }
 
 impl Ticket {
@@ -99,12 +211,12 @@ impl Ticket {
         self.waiters
             .queues()
             .get(&self.tag)
-            .and_then(VecDeque::front)
+            .and_then(|q| q.slots.front())
             .is_some_and(|head| Arc::ptr_eq(head, &self.slot))
     }
 
     /// Blocks until woken, until `until`, or until `cancel` is ready (a message or its
-    /// disconnection). Several wakes that piled up count as the strongest of them.
+    /// disconnection).
     pub(crate) fn wait(&self, until: Option<Instant>, cancel: Option<&Receiver<()>>) -> Waited {
         let mut select = Select::new();
         let wake = select.recv(&self.rx);
@@ -125,22 +237,40 @@ impl Ticket {
             return Waited::Cancelled;
         }
         match op.recv(&self.rx) {
-            Ok(first) => Waited::Woken(self.rx.try_iter().fold(first, Wake::max)),
+            Ok(first) => Waited::Woken(std::iter::once(first).chain(self.rx.try_iter()).collect()),
             // The sender lives in our own slot, so the channel cannot disconnect.
             Err(_) => Waited::TimedOut,
         }
     }
 
-    /// Leaves the queue as the winner: the next in line waits for our release.
-    pub(crate) fn leave_granted(mut self, lease: Duration) {
-        self.granted = Some(lease);
+    /// Leaves the queue as the winner. The next in line is not woken: our release hands the
+    /// lock to it, and should we lose the lock instead, the loss wakes it (see `Grant`).
+    pub(crate) fn leave_granted(mut self) {
+        self.granted = true;
     }
-}
 
-impl Drop for Ticket {
-    fn drop(&mut self) {
+    /// Leaves the queue without a grant. Returns a grant that arrived meanwhile, if any, and
+    /// whether a release of this client may have put us in Redis' queue.
+    pub(crate) fn leave(mut self) -> (Option<Wake>, bool) {
+        self.remove();
+        // Nobody can send after the removal, so this sees every wake there will ever be.
+        let granted = self
+            .rx
+            .try_iter()
+            .find(|w| matches!(w, Wake::Granted { .. }));
+        (granted, self.slot.named.load(Ordering::Relaxed))
+    }
+
+    fn remove(&mut self) {
+        if std::mem::replace(&mut self.left, true) {
+            return;
+        }
         let mut queues = self.waiters.queues();
-        let Some(queue) = queues.get_mut(&self.tag) else {
+        *lock_left(&self.slot) = Some(match self.granted {
+            true => Left::Granted,
+            false => Left::Empty,
+        });
+        let Some(queue) = queues.get_mut(&self.tag).map(|q| &mut q.slots) else {
             return;
         };
         let was_head = queue.front().is_some_and(|h| Arc::ptr_eq(h, &self.slot));
@@ -149,15 +279,21 @@ impl Drop for Ticket {
             None => {
                 queues.remove(&self.tag);
             }
-            Some(next) if was_head => {
-                let wake = match self.granted {
-                    Some(lease) => Wake::HeadBehindLocalHolder(lease),
-                    None => Wake::Attempt,
-                };
-                let _ = next.tx.send(wake);
+            Some(next) if was_head && !self.granted => {
+                let _ = next.tx.send(Wake::Attempt);
             }
             Some(_) => {}
         }
+    }
+}
+
+fn lock_left(slot: &Slot) -> MutexGuard<'_, Option<Left>> {
+    slot.left.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -171,69 +307,111 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(crate) fn spawn_dispatcher(
     client: redis::Client,
     channel: String,
+    prefix: String,
     connection_timeout: Duration,
     waiters: Weak<Waiters>,
 ) -> std::io::Result<()> {
     thread::Builder::new()
         .name("fencelock-wake".to_owned())
-        .spawn(move || dispatch(&client, &channel, connection_timeout, &waiters))
+        .spawn(move || {
+            let listener = Listener {
+                client: &client,
+                channel: &channel,
+                prefix: &prefix,
+                connection_timeout,
+                waiters: &waiters,
+            };
+            listener.dispatch();
+        })
         .map(drop)
 }
 
-fn dispatch(
-    client: &redis::Client,
-    channel: &str,
+struct Listener<'a> {
+    client: &'a redis::Client,
+    channel: &'a str,
+    /// This client's owner ids start with it: messages for other clients are ignored.
+    prefix: &'a str,
     connection_timeout: Duration,
-    waiters: &Weak<Waiters>,
-) {
-    let mut backoff = Duration::from_millis(10);
-    while waiters.strong_count() > 0 {
-        match listen(client, channel, connection_timeout, waiters, &mut backoff) {
-            Ok(()) => return,
-            Err(e) => {
-                log::debug!("fencelock: release channel {channel:?} down, reconnecting: {e}");
-                thread::sleep(backoff);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+    waiters: &'a Weak<Waiters>,
+}
+
+impl Listener<'_> {
+    fn dispatch(&self) {
+        let channel = self.channel;
+        let mut backoff = Duration::from_millis(10);
+        while self.waiters.strong_count() > 0 {
+            match self.listen(&mut backoff) {
+                Ok(()) => return,
+                Err(e) => {
+                    log::debug!("fencelock: release channel {channel:?} down, reconnecting: {e}");
+                    thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
             }
         }
     }
-}
 
-/// Subscribes and dispatches until the client is gone (`Ok`) or the connection fails (`Err`).
-fn listen(
-    client: &redis::Client,
-    channel: &str,
-    connection_timeout: Duration,
-    waiters: &Weak<Waiters>,
-    backoff: &mut Duration,
-) -> redis::RedisResult<()> {
-    // Bounded so that, with Redis unreachable, the thread still notices its client is gone.
-    let connect_timeout = connection_timeout.min(Duration::from_secs(5));
-    let mut con = crate::pool::connect(client, connect_timeout, HEARTBEAT)?;
-    let mut pubsub = con.as_pubsub();
-    pubsub.subscribe(channel)?;
-    *backoff = Duration::from_millis(10);
-    match waiters.upgrade() {
-        Some(w) => w.wake_all_heads(),
-        None => return Ok(()),
-    }
-    loop {
-        match pubsub.get_message() {
-            Ok(msg) => match waiters.upgrade() {
-                Some(w) => match std::str::from_utf8(msg.get_payload_bytes()) {
-                    Ok(tag) => w.released(tag),
-                    Err(_) => log::debug!("fencelock: ignoring a non-UTF-8 release message"),
+    /// Subscribes and dispatches until the client is gone (`Ok`) or the connection fails (`Err`).
+    fn listen(&self, backoff: &mut Duration) -> redis::RedisResult<()> {
+        let Listener {
+            client,
+            channel,
+            connection_timeout,
+            waiters,
+            ..
+        } = *self;
+        // Bounded so that, with Redis unreachable, the thread still notices its client is gone.
+        let connect_timeout = connection_timeout.min(Duration::from_secs(5));
+        let mut con = crate::pool::connect(client, connect_timeout, HEARTBEAT)?;
+        let mut pubsub = con.as_pubsub();
+        pubsub.subscribe(channel)?;
+        *backoff = Duration::from_millis(10);
+        match waiters.upgrade() {
+            Some(w) => w.wake_all_heads(),
+            None => return Ok(()),
+        }
+        loop {
+            match pubsub.get_message() {
+                Ok(msg) => match waiters.upgrade() {
+                    Some(w) => self.deliver(&w, msg.get_payload_bytes()),
+                    None => return Ok(()),
                 },
-                None => return Ok(()),
-            },
-            Err(e) if e.is_timeout() => {
-                if waiters.strong_count() == 0 {
-                    return Ok(());
+                Err(e) if e.is_timeout() => {
+                    if waiters.strong_count() == 0 {
+                        return Ok(());
+                    }
+                    // A half-open connection would otherwise swallow every release silently.
+                    pubsub.ping::<()>()?;
                 }
-                // A half-open connection would otherwise swallow every release silently.
-                pubsub.ping::<()>()?;
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
+        }
+    }
+
+    /// Delivers a handoff `"<token> <owner> <tag>"` if `owner` is one of ours. A waiter that left
+    /// meanwhile took itself out of Redis' queue, releasing what reached it, so an undeliverable
+    /// handoff needs nothing more.
+    fn deliver(&self, waiters: &Waiters, payload: &[u8]) {
+        let Ok(message) = std::str::from_utf8(payload) else {
+            return log::debug!("fencelock: ignoring a non-UTF-8 release message");
+        };
+        let mut parts = message.splitn(3, ' ');
+        let (Some(token), Some(owner), Some(tag)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return log::debug!("fencelock: ignoring a malformed release message");
+        };
+        if !owner.starts_with(self.prefix) {
+            return;
+        }
+        let Some(token) = token.parse().ok().filter(|t| *t > 0) else {
+            return log::debug!("fencelock: ignoring a release message without a token");
+        };
+        let wake = Wake::Granted {
+            token: FencingToken::new(token),
+            since: None,
+        };
+        if !waiters.deliver(tag, owner, wake) {
+            log::debug!("fencelock: a handoff reached a waiter that had left");
         }
     }
 }

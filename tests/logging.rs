@@ -39,7 +39,13 @@ fn owner_ids_stay_out_of_logs_and_debug_output() {
         .arg("test:lock:{audit}")
         .query(&mut con)
         .unwrap();
-    assert_eq!(owner.len(), 36, "owner id is a uuid: {owner}");
+    // "<client id>:<sequence>": a random 128-bit id per client, a counter per lock call.
+    let (client_id, sequence) = owner.split_once(':').expect("owner id format");
+    assert!(
+        client_id.len() == 32 && client_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "owner id {owner}"
+    );
+    assert!(sequence.parse::<u64>().is_ok(), "owner id {owner}");
     let shown = format!("{guard:?}");
     assert!(
         shown.contains("audit") && shown.contains(&guard.token().to_string()),

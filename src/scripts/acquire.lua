@@ -1,37 +1,28 @@
--- acquire.lua: grant the lock if it is free and mint a fencing token, atomically.
+-- acquire.lua: grant the lock if it is free and mint a fencing token, atomically; otherwise, for
+-- a waiter, join the key's queue. (grant.lua is prepended: grant, enqueue, dequeue.)
 --
 -- KEYS[1]  lock key   string: the owner id of the current grant, with a PX lease
 -- KEYS[2]  fence key  integer counter of grants for this key; never expires
--- KEYS[3]  wait mark  set when an attempt finds the lock held: the release must publish
--- ARGV[1]  owner id   a fresh uuid v4 per lock() call
+-- KEYS[3]  queue      LIST of waiting owner ids (see grant.lua)
+-- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
+-- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
 -- ARGV[2]  lease      in milliseconds
+-- ARGV[3]  '1': a waiter: join the queue if the lock is held; '0': a single try, never queued
 --
--- Returns  {1, token}  granted; token is the counter after INCR, lifted to the server clock in
---                      microseconds (TIME) when the counter is behind it. If the lock already
---                      belongs to ARGV[1] (a retry after a reply was lost) the lease is re-armed
---                      and the current counter is returned: nobody else can have been granted since.
+-- Returns  {1, token}  granted (and out of the queue). If the lock already belongs to ARGV[1] (a
+--                      retry after a reply was lost, or a release handed it to us) the lease is
+--                      re-armed and the current counter is returned: nobody else can have been
+--                      granted since.
 --          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry).
---                      The wait mark is set, in the same atomic step, to outlive the caller's
---                      next unprompted attempt (at the holder's expiry), which sets it again.
---
--- The clock floor keeps tokens increasing where a plain counter goes back: after a restart
--- without persistence (the counter starts again at 0) and after a failover that lost the last
--- increments. It assumes the server clock never steps back by more than the time such an event
--- takes. Redis replicates script effects, so TIME before writes is allowed and replicas receive
--- the resulting SET, not the clock reading.
---
--- INCR runs before SET: scripts do not roll back, and a fence key that cannot be incremented
--- (a wrong type, an overflow) must fail the script before it leaves a lock behind.
+--                      A waiter's entry is made or refreshed to outlive its next unprompted
+--                      attempt, at the holder's expiry.
 local holder = redis.call('GET', KEYS[1])
 if holder == false then
-  local token = redis.call('INCR', KEYS[2])
-  local now = redis.call('TIME')
-  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if token < floor then
-    token = floor
-    redis.call('SET', KEYS[2], string.format('%.0f', floor))
+  -- grant first: under maxmemory Redis refuses only a script's first write, and INCR must be it.
+  local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+  if ARGV[3] == '1' then
+    dequeue(KEYS[3], KEYS[4], ARGV[1])
   end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return {1, token}
 end
 if holder == ARGV[1] then
@@ -43,5 +34,7 @@ if holder == ARGV[1] then
   return {1, token}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[2] + math.max(pttl, 0))
+if ARGV[3] == '1' then
+  enqueue(KEYS[3], KEYS[4], ARGV[1], ARGV[2], math.max(pttl, 0))
+end
 return {0, pttl}

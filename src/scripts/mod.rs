@@ -1,5 +1,8 @@
 //! The three Lua scripts every lock operation runs, and their typed replies.
 //!
+//! `grant.lua` holds what acquire and release share (minting a token, the queue of waiters) and
+//! is prepended to both.
+//!
 //! Each script is its own file with a header naming KEYS, ARGV and the reply; `docs/design.md`
 //! holds the state table (lock key absent / ours / another's × acquire / extend / release).
 //! Scripts run by EVALSHA; `redis::Script` falls back to loading the script on NOSCRIPT.
@@ -12,12 +15,20 @@ use redis::{ConnectionLike, RedisResult, Script};
 use crate::key::LockKeys;
 use crate::token::FencingToken;
 
-pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("grant.lua"),
+        include_str!("acquire.lua")
+    ))
+});
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("release.lua")));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("grant.lua"),
+        include_str!("release.lua")
+    ))
+});
 
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +45,8 @@ pub(crate) struct ReplicaAcks {
     pub(crate) timeout: Duration,
 }
 
-/// Runs the acquire script; with `acks`, a WAIT follows it in the same pipeline, so it counts
+/// Runs the acquire script; `queue` makes a refused attempt join the key's queue, so that a
+/// release hands the lock over. With `acks`, a WAIT follows in the same pipeline, so it counts
 /// the replicas that received this very grant. Returns what the script found and, with `acks`,
 /// how many replicas acknowledged.
 pub(crate) fn acquire(
@@ -42,16 +54,20 @@ pub(crate) fn acquire(
     keys: &LockKeys,
     owner: &str,
     lease: Duration,
+    queue: bool,
     acks: Option<ReplicaAcks>,
 ) -> RedisResult<(Acquire, Option<u32>)> {
+    let queue = if queue { "1" } else { "0" };
     let ((granted, value), acked): ((i64, i64), Option<u32>) = match acks {
         None => (
             ACQUIRE
                 .key(&keys.lock)
                 .key(&keys.fence)
-                .key(&keys.waiting)
+                .key(&keys.queue)
+                .key(&keys.entries)
                 .arg(owner)
                 .arg(millis(lease))
+                .arg(queue)
                 .invoke(con)?,
             None,
         ),
@@ -59,12 +75,14 @@ pub(crate) fn acquire(
             let mut pipe = redis::pipe();
             pipe.cmd("EVALSHA")
                 .arg(ACQUIRE.get_hash())
-                .arg(3)
+                .arg(4)
                 .arg(&keys.lock)
                 .arg(&keys.fence)
-                .arg(&keys.waiting)
+                .arg(&keys.queue)
+                .arg(&keys.entries)
                 .arg(owner)
                 .arg(millis(lease))
+                .arg(queue)
                 .cmd("WAIT")
                 .arg(acks.replicas)
                 .arg(millis(acks.timeout));
@@ -81,53 +99,101 @@ pub(crate) fn acquire(
         }
     };
     let acquire = match granted {
-        1 => {
-            let token = u64::try_from(value)
-                .ok()
-                .filter(|t| *t > 0)
-                .ok_or_else(|| {
-                    redis::RedisError::from((
-                        redis::ErrorKind::UnexpectedReturnType,
-                        "fence counter is not a positive integer",
-                        format!("{value} at {}", keys.fence),
-                    ))
-                })?;
-            Acquire::Granted(FencingToken::new(token))
-        }
+        1 => Acquire::Granted(token(value, keys)?),
         _ if value < 0 => Acquire::Held(None),
         _ => Acquire::Held(Some(Duration::from_millis(value.unsigned_abs()))),
     };
     Ok((acquire, acked))
 }
 
-/// What a release found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Released {
-    /// Released, and published: another attempt had found the lock held.
-    Published,
-    /// Released; nobody had marked waiting, so nothing was published.
-    Quietly,
-    /// The key was gone or another owner's; nothing was touched.
-    NotOurs,
+fn token(value: i64, keys: &LockKeys) -> RedisResult<FencingToken> {
+    u64::try_from(value)
+        .ok()
+        .filter(|t| *t > 0)
+        .map(FencingToken::new)
+        .ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "fence counter is not a positive integer",
+                format!("{value} at {}", keys.fence),
+            ))
+        })
 }
 
-/// Compare-and-delete, publishing only if someone waits.
+/// What a release found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The key was gone or another owner's; nothing was touched.
+    NotOurs,
+    /// Deleted; nobody waited.
+    Freed,
+    /// Granted straight to the next waiter, `owner`, with this token and lease. A waiter of
+    /// another client hears of it by pub/sub; one of ours is the caller's to tell.
+    HandedOver {
+        token: FencingToken,
+        owner: String,
+        lease: Duration,
+    },
+}
+
+/// A release's caller and its own next waiter.
+pub(crate) struct Releaser<'a> {
+    /// The namespace's release channel.
+    pub(crate) channel: &'a str,
+    /// Every owner id of the calling client starts with this.
+    pub(crate) prefix: &'a str,
+    /// The caller's own next waiter for the key, its lease, and whether it goes before the
+    /// queue in Redis. Otherwise it is granted the lock when that queue is empty, and queued
+    /// behind its waiter if not.
+    pub(crate) next: Option<(&'a str, Duration, bool)>,
+}
+
+/// Compare-and-delete, or compare-and-hand-over to the next waiter. With `withdraw`, `owner` is
+/// a waiter leaving the queue, releasing the lock too if a handoff reached it meanwhile.
 pub(crate) fn release(
     con: &mut dyn ConnectionLike,
     keys: &LockKeys,
     owner: &str,
+    withdraw: bool,
+    by: &Releaser<'_>,
 ) -> RedisResult<Released> {
-    let reply: i64 = RELEASE
+    let (next, next_lease, first) = match by.next {
+        Some((next, lease, first)) => (next, millis(lease), first),
+        None => ("", 0, false),
+    };
+    let reply: Vec<redis::Value> = RELEASE
         .key(&keys.lock)
-        .key(&keys.waiting)
+        .key(&keys.fence)
+        .key(&keys.queue)
+        .key(&keys.entries)
         .arg(owner)
-        .arg(&keys.channel)
+        .arg(if withdraw { "1" } else { "0" })
+        .arg(by.channel)
         .arg(&keys.tag)
+        .arg(by.prefix)
+        .arg(next)
+        .arg(next_lease)
+        .arg(if first { "1" } else { "0" })
         .invoke(con)?;
-    Ok(match reply {
-        2 => Released::Published,
-        1 => Released::Quietly,
-        _ => Released::NotOurs,
+    let mut reply = reply.into_iter();
+    let code: i64 = match reply.next() {
+        Some(v) => redis::from_redis_value(v)?,
+        None => -1,
+    };
+    Ok(match (code, reply.next(), reply.next(), reply.next()) {
+        (0, ..) => Released::NotOurs,
+        (1, ..) => Released::Freed,
+        (2, Some(token_value), Some(owner), Some(lease)) => Released::HandedOver {
+            token: token(redis::from_redis_value(token_value)?, keys)?,
+            owner: redis::from_redis_value(owner)?,
+            lease: Duration::from_millis(redis::from_redis_value(lease)?),
+        },
+        _ => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected reply from the release script",
+            )))
+        }
     })
 }
 

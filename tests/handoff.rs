@@ -1,0 +1,290 @@
+//! Handoff: a release grants the lock straight to the next waiter, in queue order across
+//! clients, and a waiter that leaves (gives up, is cancelled, dies) does not keep the key.
+
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fencelock::LockOptions;
+use support::{command_calls, example_bin, lock_client, lock_exists, ms, Child, RedisServer};
+
+/// The Redis queue of `key` under the test namespace.
+fn queue_len(con: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("LLEN")
+        .arg(format!("{}:queue:{{{key}}}", support::NAMESPACE))
+        .query(con)
+        .unwrap()
+}
+
+/// Polls (bounded) until `key`'s Redis queue holds `n` waiters.
+fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
+    let start = Instant::now();
+    while queue_len(con, key) != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the queue of {key:?} never held {n} waiters"
+        );
+        thread::sleep(ms(5));
+    }
+}
+
+fn reset_stats(con: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(con).unwrap();
+}
+
+/// Threads of one client pass the lock on with one script call each: the release names the next
+/// local waiter and grants it the lock in the same call. (Without handoff each acquisition took
+/// an acquire, a release and, under contention, failed attempts: about three.)
+#[test]
+fn local_waiters_cost_one_script_call_per_acquisition() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    reset_stats(&mut con);
+    let per_thread = 50;
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let client = client.clone();
+            thread::spawn(move || {
+                for _ in 0..per_thread {
+                    let guard = client.lock("relay").unwrap();
+                    thread::sleep(ms(1));
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let acquisitions = 8 * per_thread;
+    let calls = command_calls(&mut con, "evalsha");
+    // Each acquisition has one release; a few first attempts (while nobody held) come on top.
+    assert!(
+        calls <= acquisitions + 16,
+        "{calls} script calls for {acquisitions} acquisitions"
+    );
+    assert_eq!(
+        command_calls(&mut con, "publish"),
+        0,
+        "local handoffs published"
+    );
+}
+
+/// Two clients contending: every acquisition still costs about one script call. A release hands
+/// the lock to the client's own next waiter up to 8 times in a row, then to the other client's
+/// queued waiter, which hears of it by pub/sub and makes no attempt of its own.
+#[test]
+fn waiters_of_other_clients_are_granted_without_another_attempt() {
+    let server = RedisServer::start();
+    let clients = [lock_client(&server, 30_000), lock_client(&server, 30_000)];
+    let mut con = server.connection();
+    reset_stats(&mut con);
+    let per_thread = 40;
+    let last = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let client = clients[i % 2].clone();
+            let last = Arc::clone(&last);
+            thread::spawn(move || {
+                for _ in 0..per_thread {
+                    let guard = client.lock("relay").unwrap();
+                    let token = guard.token().as_u64();
+                    let before = last.swap(token, Ordering::SeqCst);
+                    assert!(token > before, "token {token} after {before}");
+                    thread::sleep(ms(1));
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let acquisitions = 8 * per_thread as u64;
+    let calls = command_calls(&mut con, "evalsha");
+    assert!(
+        calls <= acquisitions + 16,
+        "{calls} script calls for {acquisitions} acquisitions"
+    );
+    // At least one handoff between the clients per 9 acquisitions, less a margin for the times
+    // one client had nobody waiting.
+    let publishes = command_calls(&mut con, "publish");
+    assert!(
+        publishes >= acquisitions / 18,
+        "{publishes} handoffs between clients in {acquisitions} acquisitions"
+    );
+}
+
+/// A client passing a lock among its own busy threads lets another client's waiter in after at
+/// most 8 local handoffs.
+#[test]
+fn local_handoffs_in_a_row_are_bounded() {
+    let server = RedisServer::start();
+    let busy = lock_client(&server, 30_000);
+    let outsider = lock_client(&server, 30_000);
+    let acquisitions = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (busy, acquisitions, stop) =
+                (busy.clone(), Arc::clone(&acquisitions), Arc::clone(&stop));
+            thread::spawn(move || {
+                let start = Instant::now();
+                while !stop.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(20) {
+                    let guard = busy.lock("busy").unwrap();
+                    acquisitions.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(ms(2));
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    thread::sleep(ms(100));
+    let counted = Arc::clone(&acquisitions);
+    let waiter = thread::spawn(move || {
+        // Its first attempt queues it: count the holds from just before that to its grant.
+        let before = counted.load(Ordering::SeqCst);
+        let guard = outsider.lock("busy").unwrap();
+        let passed = counted.load(Ordering::SeqCst) - before;
+        guard.unlock().unwrap();
+        passed
+    });
+    let passed = waiter.join().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    // 8 local handoffs, plus the hold that was running when it queued, plus one being granted
+    // while it was told.
+    assert!(
+        passed <= 10,
+        "{passed} local holds went before the queued waiter"
+    );
+}
+
+/// Waiters of different clients are served in the order they started waiting.
+#[test]
+fn clients_are_served_in_the_order_they_queued() {
+    let server = RedisServer::start();
+    let holder = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let guard = holder.lock("turns").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    for i in 0..5u64 {
+        let client = lock_client(&server, 30_000);
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || {
+            let got = client.lock("turns").unwrap();
+            tx.send((i, got.token().as_u64())).unwrap();
+            thread::sleep(ms(10));
+            got.unlock().unwrap();
+        }));
+        await_queue_len(&mut con, "turns", i + 1);
+    }
+    guard.unlock().unwrap();
+    let served: Vec<(u64, u64)> = (0..5)
+        .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let order: Vec<u64> = served.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, vec![0, 1, 2, 3, 4], "not served in queue order");
+    assert!(
+        served.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens not increasing: {served:?}"
+    );
+    assert_eq!(queue_len(&mut con, "turns"), 0);
+}
+
+/// A waiter that gave up (timeout) or was cancelled leaves the queue in Redis: the next release
+/// frees the key instead of granting it to somebody who is gone.
+#[test]
+fn a_waiter_that_leaves_is_not_handed_the_lock() {
+    let server = RedisServer::start();
+    let holder = lock_client(&server, 30_000);
+    let quitter = lock_client(&server, 30_000);
+    let other = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let guard = holder.lock("left").unwrap();
+
+    assert!(quitter.try_lock("left", ms(200)).unwrap().is_none());
+    let (cancel_tx, cancel_rx) = crossbeam_channel::bounded(1);
+    let cancelled = {
+        let quitter = quitter.clone();
+        thread::spawn(move || quitter.lock_with("left", &LockOptions::new().cancel(cancel_rx)))
+    };
+    await_queue_len(&mut con, "left", 1);
+    cancel_tx.send(()).unwrap();
+    assert!(cancelled.join().unwrap().unwrap_err().is_cancelled());
+    assert_eq!(queue_len(&mut con, "left"), 0, "a waiter stayed queued");
+
+    guard.unlock().unwrap();
+    assert!(
+        !lock_exists(&mut con, "left"),
+        "handed to a waiter that left"
+    );
+    assert!(other.try_lock("left", Duration::ZERO).unwrap().is_some());
+}
+
+/// A handoff reaches a waiter that has been waiting longer than half its lease: the waiter cannot
+/// tell how much of the handed lease is left, so it confirms the lease before returning, and the
+/// guard it gets is held and stays held.
+#[test]
+fn a_long_wait_ends_in_a_confirmed_lease() {
+    let server = RedisServer::start();
+    let holder = lock_client(&server, 30_000);
+    let waiter = lock_client(&server, 30_000);
+    let guard = holder.lock("long").unwrap();
+    let t = thread::spawn(move || {
+        let got = waiter
+            .lock_with("long", &LockOptions::new().lease(ms(300)))
+            .unwrap();
+        let held_at_once = got.is_held();
+        thread::sleep(ms(600));
+        (held_at_once, got.is_held(), got.unlock())
+    });
+    thread::sleep(ms(800));
+    guard.unlock().unwrap();
+    let (at_once, later, unlocked) = t.join().unwrap();
+    assert!(at_once, "the handed-over guard was not held");
+    assert!(later, "the handed-over lease was not renewed");
+    unlocked.unwrap();
+}
+
+/// A waiter whose process dies while queued is handed the lock like any other; nobody renews
+/// it, so the key is free again once that waiter's lease runs out. This is the cost of a grant
+/// without a second round trip, bounded by the dead waiter's lease.
+#[test]
+fn a_waiter_that_dies_holds_the_key_for_at_most_its_lease() {
+    let server = RedisServer::start();
+    let holder = lock_client(&server, 30_000);
+    let next = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let guard = holder.lock("dead-waiter").unwrap();
+    let mut child = Child::spawn({
+        let mut cmd = Command::new(example_bin("hold"));
+        cmd.args(["dead-waiter", "1000"])
+            .env("REDIS_URL", server.url())
+            .env("FENCELOCK_NAMESPACE", support::NAMESPACE);
+        cmd
+    });
+    await_queue_len(&mut con, "dead-waiter", 1);
+    child.kill();
+    guard.unlock().unwrap();
+    assert!(lock_exists(&mut con, "dead-waiter"), "not handed over");
+    let released = Instant::now();
+    let got = next.lock("dead-waiter").unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited <= Duration::from_millis(2_500),
+        "waited {waited:?} behind a dead waiter with a 1 s lease"
+    );
+    got.unlock().unwrap();
+}
