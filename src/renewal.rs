@@ -280,6 +280,11 @@ impl Renewer {
 
     fn renew_due(&mut self) {
         let now = Instant::now();
+        // Only once a lease is due: a wake-up for the inbox renewing early would shift leases
+        // into ever earlier phases, renewing each more often than every lease/3.
+        if self.renewals.first().is_none_or(|(next, _)| *next > now) {
+            return;
+        }
         // Leases due within the next sixth of a lease go now too, so one round trip serves many.
         let due: Vec<Arc<Grant>> = self
             .renewals

@@ -122,3 +122,26 @@ fn a_response_timeout_below_five_ms_still_renews() {
         "lease not renewed with a 4 ms response timeout"
     );
 }
+
+/// A held lease is extended about every lease/3, not more often: a renewal thread woken early (to
+/// look at its inbox) must not renew early, or every lease drifts to a shorter period.
+#[test]
+fn a_lease_is_renewed_about_every_third_of_a_lease() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 600);
+    let mut con = server.connection();
+    let guard = client.lock("steady").unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    thread::sleep(ms(3_000));
+    let extends = support::command_calls(&mut con, "evalsha");
+    assert!(guard.is_held());
+    guard.unlock().unwrap();
+    // 3 s / 200 ms = 15 renewals; renewing at lease/6 would be 30.
+    assert!(
+        (10..=20).contains(&extends),
+        "{extends} extends in 3 s at a 600 ms lease"
+    );
+}
