@@ -283,26 +283,28 @@ impl LockClient {
         let keys = self.prepare(key, options)?;
         let owner = self.new_owner();
         let lease = options.lease.unwrap_or(self.inner.config.lease);
+        let joined = Instant::now();
         let mut wait = Wait {
             ticket: self.inner.waiters.join(&keys.tag, &owner, lease),
-            queued: false,
-            refused: Instant::now(),
+            queued_since: None,
+            joined,
         };
         let found = self.wait_for_grant(&keys, &owner, lease, deadline, options, &mut wait);
-        if let Ok(Some((token, sent))) = found {
+        if let Ok(Some((token, sent, handed))) = found {
             wait.ticket.leave_granted();
-            return self.take(keys, owner, token, sent, lease, options);
+            return self.take(keys, owner, token, sent, lease, options, handed);
         }
         // Leaving without a grant; a handoff may have reached us all the same.
+        let earliest = wait.since();
         let (late, named) = wait.ticket.leave();
         if let Some(Wake::Granted { token, since }) = late {
-            let sent = since.unwrap_or(wait.refused);
+            let sent = since.unwrap_or(earliest);
             if let Ok(None) = found {
                 // Granted before we gave up: better taken than handed on.
-                return self.take(keys, owner, token, sent, lease, options);
+                return self.take(keys, owner, token, sent, lease, options, true);
             }
-            let _ = self.hand_over(&keys, &owner, false);
-        } else if wait.queued || named {
+            let _ = self.hand_over(&keys, &owner, true);
+        } else if wait.queued_since.is_some() || named {
             // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
             // is passed on. On failure, the entry expires by itself.
             if let Err(e) = self.hand_over(&keys, &owner, true) {
@@ -312,7 +314,8 @@ impl LockClient {
         found.map(|_| Round::Deadline)
     }
 
-    /// The waiting loop of [`acquire`](LockClient::acquire): the token and the lower bound of the lease's start, or
+    /// The waiting loop of [`acquire`](LockClient::acquire): the token, the lower bound of the
+    /// lease's start and whether a release handed the lock over, or
     /// `None` at `deadline`.
     fn wait_for_grant(
         &self,
@@ -322,7 +325,7 @@ impl LockClient {
         deadline: Option<Instant>,
         options: &LockOptions,
         wait: &mut Wait,
-    ) -> Result<Option<(FencingToken, Instant)>> {
+    ) -> Result<Option<(FencingToken, Instant, bool)>> {
         let mut attempt = wait.ticket.is_head();
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
         // releases nothing, so the head attempts then.
@@ -330,11 +333,11 @@ impl LockClient {
         loop {
             if attempt {
                 let sent = Instant::now();
+                // Before sending: if the reply is lost, leaving must still withdraw.
+                wait.queued_since.get_or_insert(sent);
                 match self.attempt(keys, owner, lease, true)? {
-                    Acquire::Granted(token) => return Ok(Some((token, sent))),
+                    Acquire::Granted(token) => return Ok(Some((token, sent, false))),
                     Acquire::Held(pttl) => {
-                        wait.queued = true;
-                        wait.refused = sent;
                         // A key without expiry was not set by fencelock; look again a lease later.
                         let after = pttl.unwrap_or(lease) + Duration::from_millis(1);
                         holder_expiry = Instant::now().checked_add(after);
@@ -348,14 +351,11 @@ impl LockClient {
                     for wake in wakes {
                         match wake {
                             Wake::Granted { token, since } => {
-                                // The handoff came after our last refused attempt, or the
-                                // release that queued us, or (at worst) our joining.
-                                return Ok(Some((token, since.unwrap_or(wait.refused))));
+                                return Ok(Some((token, since.unwrap_or(wait.since()), true)));
                             }
                             Wake::Attempt => attempt = true,
                             Wake::Queued { retry_after, since } => {
-                                wait.queued = true;
-                                wait.refused = since;
+                                wait.queued_since.get_or_insert(since);
                                 holder_expiry = Instant::now()
                                     .checked_add(retry_after + Duration::from_millis(1));
                             }
@@ -373,9 +373,10 @@ impl LockClient {
         }
     }
 
-    /// Turns a token into a guard. A lock handed over by a release started its lease at some
+    /// Turns a token into a guard. A lock `handed` over by a release started its lease at some
     /// unknown moment after `sent`; if little of it is left by that count, one extend confirms
     /// it before the holder relies on it.
+    #[allow(clippy::too_many_arguments)] // the facts of one grant, passed on to `grant`
     fn take(
         &self,
         keys: LockKeys,
@@ -384,7 +385,29 @@ impl LockClient {
         sent: Instant,
         lease: Duration,
         options: &LockOptions,
+        handed: bool,
     ) -> Result<Round> {
+        if let (true, Some(acks)) = (handed, self.inner.config.replica_acks) {
+            // A handoff was written by the releaser, on another connection: WAIT counts only
+            // what its own connection wrote, so re-arm the lease on ours and WAIT behind that.
+            let sent = Instant::now();
+            let (ours, acked) = self
+                .inner
+                .pool
+                .run(|con, _| scripts::extend_acked(con, &keys, &owner, lease, acks))?;
+            if !ours {
+                return Ok(Round::Stale);
+            }
+            let guard = self.grant(keys, owner, token, sent, lease, options);
+            if acked < acks.replicas {
+                let _ = guard.unlock();
+                return Err(Error::NotReplicated {
+                    acked,
+                    required: acks.replicas,
+                });
+            }
+            return Ok(Round::Granted(guard));
+        }
         let guard = self.grant(keys, owner, token, sent, lease, options);
         if sent.elapsed() > lease / 2 {
             match guard.extend(lease) {
@@ -392,22 +415,6 @@ impl LockClient {
                 // It ran out before we heard of it: wait again.
                 Err(e) if e.is_lock_lost() => return Ok(Round::Stale),
                 Err(e) => return Err(e),
-            }
-        }
-        if let Some(acks) = self.inner.config.replica_acks {
-            // A handoff was written by the releaser's script: count the replicas that have it.
-            let acked: u32 = self.inner.pool.run(|con, _| {
-                redis::cmd("WAIT")
-                    .arg(acks.replicas)
-                    .arg(scripts::millis(acks.timeout))
-                    .query(con)
-            })?;
-            if acked < acks.replicas {
-                let _ = guard.unlock();
-                return Err(Error::NotReplicated {
-                    acked,
-                    required: acks.replicas,
-                });
             }
         }
         Ok(Round::Granted(guard))
@@ -700,11 +707,18 @@ enum Round {
 /// A waiter's state between attempts.
 struct Wait {
     ticket: Ticket,
-    /// Whether an attempt of ours was refused, which puts us in Redis' queue.
-    queued: bool,
-    /// When the last refused attempt (or the release that queued us) was sent: any handoff to
-    /// us came after it. At first, when we joined: nobody could name us before.
-    refused: Instant,
+    /// When we first may have entered Redis' queue: our first attempt, or the release of ours
+    /// that queued us. `None`: we never did, unless a release named us (see `Ticket::leave`).
+    queued_since: Option<Instant>,
+    joined: Instant,
+}
+
+impl Wait {
+    /// No handoff from Redis' queue can have reached us before this. Never moved forward: a
+    /// handoff message can arrive late, after later attempts of ours.
+    fn since(&self) -> Instant {
+        self.queued_since.unwrap_or(self.joined)
+    }
 }
 
 fn is_ready(cancel: &Receiver<()>) -> bool {

@@ -213,3 +213,40 @@ fn a_client_pointed_at_a_replica_gets_readonly_not_a_refusal() {
     let err = client.try_lock("ro", ms(200)).unwrap_err();
     assert_eq!(err.redis_code(), Some("READONLY"), "{err:?}");
 }
+
+/// A lock handed over by a release was written by the releaser on another connection; the
+/// waiter's replica check must still cover it (WAIT counts only its own connection's writes).
+#[test]
+fn with_replica_acks_an_unreplicated_handoff_is_never_reported_held() {
+    let pair = Pair::start();
+    let holder = lock_client(&pair.master, 30_000);
+    let waiter = LockClient::builder(pair.master.url())
+        .namespace(support::NAMESPACE)
+        .lease(ms(30_000))
+        .min_replica_acks(1, ms(300))
+        .build()
+        .unwrap();
+    let guard = holder.lock("handed").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = thread::spawn(move || {
+        tx.send(()).unwrap();
+        waiter.lock("handed").map(|g| g.token())
+    });
+    rx.recv().unwrap();
+    // Let the waiter queue (its refused attempt is acknowledged), then cut the link.
+    thread::sleep(ms(300));
+    pair.link.set_mode(Mode::Blackhole);
+    guard.unlock().unwrap();
+    let outcome = t.join().unwrap();
+    let err = outcome.expect_err("an unreplicated handoff was reported held");
+    assert!(err.is_not_replicated(), "{err:?}");
+    let mut master = pair.master.connection();
+    let left: bool = redis::cmd("EXISTS")
+        .arg("test:lock:{handed}")
+        .query(&mut master)
+        .unwrap();
+    assert!(
+        !left,
+        "an unreplicated handoff was left behind on the master"
+    );
+}

@@ -211,6 +211,35 @@ pub(crate) fn extend(
         .invoke(con)
 }
 
+/// Compare-and-pexpire followed by `WAIT`, in one pipeline on one connection: the extend is a
+/// write of this connection, so the WAIT counts the replicas that have everything before it,
+/// whoever wrote it (a handoff written by another client's release included).
+pub(crate) fn extend_acked(
+    con: &mut dyn ConnectionLike,
+    keys: &LockKeys,
+    owner: &str,
+    lease: Duration,
+    acks: ReplicaAcks,
+) -> RedisResult<(bool, u32)> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("EVALSHA")
+        .arg(EXTEND.get_hash())
+        .arg(1)
+        .arg(&keys.lock)
+        .arg(owner)
+        .arg(millis(lease))
+        .cmd("WAIT")
+        .arg(acks.replicas)
+        .arg(millis(acks.timeout));
+    match pipe.query(con) {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            EXTEND.prepare_invoke().load(con)?;
+            pipe.query(con)
+        }
+        other => other,
+    }
+}
+
 /// Adds one extend call to a pipeline, by EVALSHA; the caller loads the script on NOSCRIPT.
 pub(crate) fn pipe_extend(
     pipe: &mut redis::Pipeline,

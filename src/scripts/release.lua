@@ -38,8 +38,8 @@ if ARGV[6] ~= '' and ARGV[8] == '1' then
   return {2, grant(KEYS[1], KEYS[2], ARGV[6], ARGV[7]), ARGV[6], tonumber(ARGV[7])}
 end
 local now
--- Bounded: entries of waiters that died are dropped a few at a time.
-for _ = 1, 64 do
+-- Ends with the queue: every entry popped is either granted or gone (a dead waiter's).
+while true do
   local next = redis.call('LPOP', KEYS[3])
   if not next then
     break
