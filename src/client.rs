@@ -283,11 +283,10 @@ impl LockClient {
         let keys = self.prepare(key, options)?;
         let owner = self.new_owner();
         let lease = options.lease.unwrap_or(self.inner.config.lease);
-        let joined = Instant::now();
         let mut wait = Wait {
+            joined: Instant::now(),
             ticket: self.inner.waiters.join(&keys.tag, &owner, lease),
             queued_since: None,
-            joined,
         };
         let found = self.wait_for_grant(&keys, &owner, lease, deadline, options, &mut wait);
         if let Ok(Some((token, sent, handed))) = found {
@@ -297,14 +296,13 @@ impl LockClient {
         // Leaving without a grant; a handoff may have reached us all the same.
         let earliest = wait.since();
         let (late, named) = wait.ticket.leave();
-        if let Some(Wake::Granted { token, since }) = late {
+        if let (Some((token, since)), Ok(None)) = (late, &found) {
+            // Granted before we gave up: better taken than handed on.
             let sent = since.unwrap_or(earliest);
-            if let Ok(None) = found {
-                // Granted before we gave up: better taken than handed on.
-                return self.take(keys, owner, token, sent, lease, options, true);
-            }
-            let _ = self.hand_over(&keys, &owner, true);
-        } else if wait.queued_since.is_some() || named {
+            return self.take(keys, owner, token, sent, lease, options, true);
+        }
+        // Only a waiter in Redis' queue or named by a release can have been handed the lock.
+        if wait.queued_since.is_some() || named {
             // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
             // is passed on. On failure, the entry expires by itself.
             if let Err(e) = self.hand_over(&keys, &owner, true) {

@@ -249,15 +249,16 @@ impl Ticket {
         self.granted = true;
     }
 
-    /// Leaves the queue without a grant. Returns a grant that arrived meanwhile, if any, and
-    /// whether a release of this client may have put us in Redis' queue.
-    pub(crate) fn leave(mut self) -> (Option<Wake>, bool) {
+    /// Leaves the queue without a grant. Returns a grant that arrived meanwhile, if any (its
+    /// token and `since`, as in [`Wake::Granted`]), and whether a release of this client may
+    /// have put us in Redis' queue.
+    pub(crate) fn leave(mut self) -> (Option<(FencingToken, Option<Instant>)>, bool) {
         self.remove();
         // Nobody can send after the removal, so this sees every wake there will ever be.
-        let granted = self
-            .rx
-            .try_iter()
-            .find(|w| matches!(w, Wake::Granted { .. }));
+        let granted = self.rx.try_iter().find_map(|w| match w {
+            Wake::Granted { token, since } => Some((token, since)),
+            _ => None,
+        });
         (granted, self.slot.named.load(Ordering::Relaxed))
     }
 
@@ -266,9 +267,10 @@ impl Ticket {
             return;
         }
         let mut queues = self.waiters.queues();
-        *lock_left(&self.slot) = Some(match self.granted {
-            true => Left::Granted,
-            false => Left::Empty,
+        *lock_left(&self.slot) = Some(if self.granted {
+            Left::Granted
+        } else {
+            Left::Empty
         });
         let Some(queue) = queues.get_mut(&self.tag).map(|q| &mut q.slots) else {
             return;
@@ -393,18 +395,21 @@ impl Listener<'_> {
     /// handoff needs nothing more.
     fn deliver(&self, waiters: &Waiters, payload: &[u8]) {
         let Ok(message) = std::str::from_utf8(payload) else {
-            return log::debug!("fencelock: ignoring a non-UTF-8 release message");
+            log::debug!("fencelock: ignoring a non-UTF-8 release message");
+            return;
         };
         let mut parts = message.splitn(3, ' ');
         let (Some(token), Some(owner), Some(tag)) = (parts.next(), parts.next(), parts.next())
         else {
-            return log::debug!("fencelock: ignoring a malformed release message");
+            log::debug!("fencelock: ignoring a malformed release message");
+            return;
         };
         if !owner.starts_with(self.prefix) {
             return;
         }
         let Some(token) = token.parse().ok().filter(|t| *t > 0) else {
-            return log::debug!("fencelock: ignoring a release message without a token");
+            log::debug!("fencelock: ignoring a release message without a token");
+            return;
         };
         let wake = Wake::Granted {
             token: FencingToken::new(token),

@@ -222,13 +222,8 @@ pub(crate) fn extend_acked(
     acks: ReplicaAcks,
 ) -> RedisResult<(bool, u32)> {
     let mut pipe = redis::pipe();
-    pipe.cmd("EVALSHA")
-        .arg(EXTEND.get_hash())
-        .arg(1)
-        .arg(&keys.lock)
-        .arg(owner)
-        .arg(millis(lease))
-        .cmd("WAIT")
+    pipe_extend(&mut pipe, keys, owner, lease);
+    pipe.cmd("WAIT")
         .arg(acks.replicas)
         .arg(millis(acks.timeout));
     match pipe.query(con) {
