@@ -16,7 +16,7 @@ use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
-use crate::scripts::{self, Acquire, Released, Releaser};
+use crate::scripts::{self, Acquire, Queue, Released, Releaser};
 use crate::token::FencingToken;
 use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake};
 
@@ -237,8 +237,10 @@ impl LockClient {
     fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
         let keys = LockKeys::new(&self.inner.config.namespace, key)?;
         options.validate()?;
-        if self.held_by_this_thread(&keys.tag) {
-            return Err(Error::WouldDeadlock { key: keys.user });
+        if self.held_by_this_thread(keys.tag()) {
+            return Err(Error::WouldDeadlock {
+                key: keys.user().to_owned(),
+            });
         }
         if options.cancel.as_ref().is_some_and(is_ready) {
             return Err(Error::Cancelled);
@@ -251,8 +253,10 @@ impl LockClient {
         let owner = self.new_owner();
         let lease = options.lease.unwrap_or(self.inner.config.lease);
         let sent = Instant::now();
-        Ok(match self.attempt(&keys, &owner, lease, false)? {
-            Acquire::Granted(token) => Some(self.grant(keys, owner, token, sent, lease, options)),
+        Ok(match self.attempt(&keys, &owner, lease, Queue::Never)? {
+            Acquire::Granted(token) => {
+                Some(self.grant(keys, owner, token, sent, lease, options, false))
+            }
             Acquire::Held(_) => None,
         })
     }
@@ -285,13 +289,13 @@ impl LockClient {
         let lease = options.lease.unwrap_or(self.inner.config.lease);
         let mut wait = Wait {
             joined: Instant::now(),
-            ticket: self.inner.waiters.join(&keys.tag, &owner, lease),
+            ticket: self.inner.waiters.join(keys.tag(), &owner, lease),
             queued_since: None,
         };
         let found = self.wait_for_grant(&keys, &owner, lease, deadline, options, &mut wait);
-        if let Ok(Some((token, sent, handed))) = found {
+        if let Ok(Some((token, sent, via))) = found {
             wait.ticket.leave_granted();
-            return self.take(keys, owner, token, sent, lease, options, handed);
+            return self.take(keys, owner, token, sent, lease, options, via);
         }
         // Leaving without a grant; a handoff may have reached us all the same.
         let earliest = wait.since();
@@ -299,7 +303,7 @@ impl LockClient {
         if let (Some((token, since)), Ok(None)) = (late, &found) {
             // Granted before we gave up: better taken than handed on.
             let sent = since.unwrap_or(earliest);
-            return self.take(keys, owner, token, sent, lease, options, true);
+            return self.take(keys, owner, token, sent, lease, options, Via::Handoff);
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
         if wait.queued_since.is_some() || named {
@@ -313,8 +317,7 @@ impl LockClient {
     }
 
     /// The waiting loop of [`acquire`](LockClient::acquire): the token, the lower bound of the
-    /// lease's start and whether a release handed the lock over, or
-    /// `None` at `deadline`.
+    /// lease's start and how the lock came, or `None` at `deadline`.
     fn wait_for_grant(
         &self,
         keys: &LockKeys,
@@ -323,7 +326,7 @@ impl LockClient {
         deadline: Option<Instant>,
         options: &LockOptions,
         wait: &mut Wait,
-    ) -> Result<Option<(FencingToken, Instant, bool)>> {
+    ) -> Result<Option<(FencingToken, Instant, Via)>> {
         let mut attempt = wait.ticket.is_head();
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
         // releases nothing, so the head attempts then.
@@ -331,10 +334,19 @@ impl LockClient {
         loop {
             if attempt {
                 let sent = Instant::now();
+                // Only an owner that may stand in Redis' queue has an entry to take out when
+                // granted: one that attempted before or was named by a release.
+                let join = wait.queued_since.is_none() && !wait.ticket.named();
+                let queue = if join { Queue::Join } else { Queue::Rejoin };
                 // Before sending: if the reply is lost, leaving must still withdraw.
                 wait.queued_since.get_or_insert(sent);
-                match self.attempt(keys, owner, lease, true)? {
-                    Acquire::Granted(token) => return Ok(Some((token, sent, false))),
+                match self.attempt(keys, owner, lease, queue)? {
+                    Acquire::Granted(token) => {
+                        // A release that named us while we attempted may have queued us: the
+                        // grant's release then takes the entry out.
+                        let queued = join && wait.ticket.named();
+                        return Ok(Some((token, sent, Via::Attempt { queued })));
+                    }
                     Acquire::Held(pttl) => {
                         // A key without expiry was not set by fencelock; look again a lease later.
                         let after = pttl.unwrap_or(lease) + Duration::from_millis(1);
@@ -349,7 +361,8 @@ impl LockClient {
                     for wake in wakes {
                         match wake {
                             Wake::Granted { token, since } => {
-                                return Ok(Some((token, since.unwrap_or(wait.since()), true)));
+                                let since = since.unwrap_or(wait.since());
+                                return Ok(Some((token, since, Via::Handoff)));
                             }
                             Wake::Attempt => attempt = true,
                             Wake::Queued { retry_after, since } => {
@@ -371,7 +384,7 @@ impl LockClient {
         }
     }
 
-    /// Turns a token into a guard. A lock `handed` over by a release started its lease at some
+    /// Turns a token into a guard. A lock handed over by a release started its lease at some
     /// unknown moment after `sent`; if little of it is left by that count, one extend confirms
     /// it before the holder relies on it.
     #[allow(clippy::too_many_arguments)] // the facts of one grant, passed on to `grant`
@@ -383,9 +396,10 @@ impl LockClient {
         sent: Instant,
         lease: Duration,
         options: &LockOptions,
-        handed: bool,
+        via: Via,
     ) -> Result<Round> {
-        if let (true, Some(acks)) = (handed, self.inner.config.replica_acks) {
+        let queued = via == (Via::Attempt { queued: true });
+        if let (Via::Handoff, Some(acks)) = (via, self.inner.config.replica_acks) {
             // A handoff was written by the releaser, on another connection: WAIT counts only
             // what its own connection wrote, so re-arm the lease on ours and WAIT behind that.
             let sent = Instant::now();
@@ -396,7 +410,7 @@ impl LockClient {
             if !ours {
                 return Ok(Round::Stale);
             }
-            let guard = self.grant(keys, owner, token, sent, lease, options);
+            let guard = self.grant(keys, owner, token, sent, lease, options, false);
             if acked < acks.replicas {
                 let _ = guard.unlock();
                 return Err(Error::NotReplicated {
@@ -406,7 +420,7 @@ impl LockClient {
             }
             return Ok(Round::Granted(guard));
         }
-        let guard = self.grant(keys, owner, token, sent, lease, options);
+        let guard = self.grant(keys, owner, token, sent, lease, options, queued);
         if sent.elapsed() > lease / 2 {
             match guard.extend(lease) {
                 Ok(()) => {}
@@ -425,7 +439,7 @@ impl LockClient {
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
-        queue: bool,
+        queue: Queue,
     ) -> Result<Acquire> {
         let acks = self.inner.config.replica_acks;
         self.inner.pool.run(|con, _retry| {
@@ -469,6 +483,8 @@ impl LockClient {
         format!("{}{n}", self.inner.owner_prefix)
     }
 
+    /// Makes the guard of a grant; `queued` if its owner may still stand in Redis' queue.
+    #[allow(clippy::too_many_arguments)] // the facts of one grant, passed on to `Grant::new`
     fn grant(
         &self,
         keys: LockKeys,
@@ -477,9 +493,10 @@ impl LockClient {
         sent: Instant,
         lease: Duration,
         options: &LockOptions,
+        queued: bool,
     ) -> LockGuard {
         let id = self.inner.next_grant.fetch_add(1, Ordering::Relaxed);
-        log::debug!("fencelock: granted {:?} with token {token}", keys.user);
+        log::debug!("fencelock: granted {:?} with token {token}", keys.user());
         let grant = Grant::new(
             id,
             keys,
@@ -489,11 +506,12 @@ impl LockClient {
             sent,
             !options.no_renewal,
             options.max_hold,
+            queued,
             Arc::downgrade(&self.inner.waiters),
         );
         let grant = Arc::new(grant);
         self.holders()
-            .insert(grant.keys.tag.clone(), (id, thread::current().id()));
+            .insert(grant.keys.tag().to_owned(), (id, thread::current().id()));
         // The renewal thread outlives every guard, so this only fails if it died: then nothing
         // will renew this lease, and the holder must hear so now, not at the deadline.
         if !self.inner.renewal.hold(Arc::clone(&grant)) {
@@ -525,7 +543,7 @@ impl LockClient {
     /// Re-arms a grant's lease to `lease`, through the renewal thread's connection.
     pub(crate) fn extend(&self, grant: &Arc<Grant>, lease: Duration) -> Result<()> {
         let lost = || Error::LockLost {
-            key: grant.keys.user.clone(),
+            key: grant.keys.user().to_owned(),
         };
         if !grant.is_held() {
             return Err(lost());
@@ -556,14 +574,14 @@ impl LockClient {
         {
             let mut holders = self.holders();
             if holders
-                .get(&grant.keys.tag)
+                .get(grant.keys.tag())
                 .is_some_and(|(id, _)| *id == grant.id)
             {
-                holders.remove(&grant.keys.tag);
+                holders.remove(grant.keys.tag());
             }
         }
-        let user = &grant.keys.user;
-        let (released, reply_lost) = match self.hand_over(&grant.keys, &grant.owner, false) {
+        let user = grant.keys.user();
+        let (released, reply_lost) = match self.hand_over(&grant.keys, &grant.owner, grant.queued) {
             Ok(found) => found,
             Err(e) => {
                 log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
@@ -592,7 +610,9 @@ impl LockClient {
                         grant.token
                     );
                 }
-                Err(Error::LockLost { key: user.clone() })
+                Err(Error::LockLost {
+                    key: user.to_owned(),
+                })
             }
         }
     }
@@ -610,7 +630,7 @@ impl LockClient {
             let Some((owner, withdraw)) = runs.pop() else {
                 break;
             };
-            let next = self.inner.waiters.next(&keys.tag);
+            let next = self.inner.waiters.next(keys.tag());
             let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), n.first));
             let sent = Instant::now();
             let mut reply_lost = false;
@@ -623,7 +643,7 @@ impl LockClient {
                 Err(e) => {
                     // Whatever happened, the key may be free for our next waiter. A handoff we
                     // could not give back expires with its waiter's lease.
-                    self.inner.waiters.wake_head(&keys.tag);
+                    self.inner.waiters.wake_head(keys.tag());
                     match first {
                         None => return Err(e),
                         Some(_) => {
@@ -640,7 +660,7 @@ impl LockClient {
                     },
                     Some(next),
                 ) if to == next.owner() => {
-                    self.inner.waiters.handed(&keys.tag, true);
+                    self.inner.waiters.handed(keys.tag(), true);
                     let wake = Wake::Granted {
                         token: *token,
                         since: Some(sent),
@@ -658,7 +678,7 @@ impl LockClient {
                     },
                     next,
                 ) => {
-                    self.inner.waiters.handed(&keys.tag, false);
+                    self.inner.waiters.handed(keys.tag(), false);
                     if to.starts_with(&self.inner.owner_prefix) {
                         // One of ours that queued in Redis: if it left meanwhile, its leaving
                         // gives the lock back.
@@ -666,7 +686,7 @@ impl LockClient {
                             token: *token,
                             since: Some(sent),
                         };
-                        self.inner.waiters.deliver(&keys.tag, to, wake);
+                        self.inner.waiters.deliver(keys.tag(), to, wake);
                     }
                     if let Some(next) = next {
                         // The script put it in Redis' queue behind `to`.
@@ -681,7 +701,7 @@ impl LockClient {
                 }
                 (Released::NotOurs | Released::Freed, next) => {
                     if next.is_some() {
-                        self.inner.waiters.wake_head(&keys.tag);
+                        self.inner.waiters.wake_head(keys.tag());
                     }
                 }
             }
@@ -700,6 +720,15 @@ enum Round {
     Deadline,
     /// A handoff reached us too late to be used.
     Stale,
+}
+
+/// How a waiter came by its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Its own attempt; `queued` if it may still stand in Redis' queue all the same.
+    Attempt { queued: bool },
+    /// A release handed it over.
+    Handoff,
 }
 
 /// A waiter's state between attempts.

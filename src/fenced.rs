@@ -320,12 +320,11 @@ impl ResourceKeys {
     fn new(namespace: &str, resource: &str) -> Result<ResourceKeys> {
         // The same limits and escaping as lock keys: both keys of a resource share one Cluster
         // hash slot, and a resource named like its lock key shares the lock's slot too.
-        let tag = LockKeys::new(namespace, resource)
-            .map_err(|e| match e {
-                Error::InvalidArgument { reason, .. } => Error::invalid("resource", reason),
-                other => other,
-            })?
-            .tag;
+        let tag = LockKeys::new(namespace, resource).map_err(|e| match e {
+            Error::InvalidArgument { reason, .. } => Error::invalid("resource", reason),
+            other => other,
+        })?;
+        let tag = tag.tag();
         Ok(ResourceKeys {
             data: format!("{namespace}:data:{{{tag}}}"),
             accepted: format!("{namespace}:accepted:{{{tag}}}"),
@@ -352,7 +351,7 @@ mod tests {
             "ключ",
         ] {
             let keys = ResourceKeys::new("ns", resource).unwrap();
-            let tag = LockKeys::new("ns", resource).unwrap().tag;
+            let tag = LockKeys::new("ns", resource).unwrap().tag().to_owned();
             assert_eq!(keys.data, format!("ns:data:{{{tag}}}"), "{resource:?}");
             assert_eq!(
                 keys.accepted,

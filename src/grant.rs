@@ -1,6 +1,6 @@
 //! The state of one grant, shared by its guard and the renewal thread.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,9 @@ pub(crate) struct Grant {
     pub(crate) auto_renew: bool,
     /// Renewal stops here (`LockOptions::max_hold`); the lease then runs out.
     pub(crate) renew_until: Option<Instant>,
+    /// The owner id may still stand in the key's queue in Redis (a release queued it while its
+    /// own attempt was granted): the release takes the entry out.
+    pub(crate) queued: bool,
     /// The last round trip that confirmed the lease (the grant, a renewal or an extend): when it
     /// was *sent*, and the lease it set. Redis set the TTL no earlier than the send, so the lease
     /// runs at least until `sent + lease`.
@@ -32,9 +35,45 @@ pub(crate) struct Grant {
     /// (most never do, and a channel is most of a grant's memory). Sent to once and dropped
     /// when the grant is lost.
     lost_tx: Mutex<Option<Sender<()>>>,
+    /// Where the renewal thread files the grant; only that thread uses it.
+    pub(crate) place: Place,
     /// The client's waiters: a thread of ours queued for this key waits for our release, which
     /// hands the lock to it; if the lock is lost instead, the loss wakes it to ask Redis.
     waiters: Weak<Waiters>,
+}
+
+/// The renewal thread's cohort of a grant and its index there. Atomics only so that `Grant` stays
+/// `Sync`: one thread reads and writes them, so relaxed is enough.
+pub(crate) struct Place {
+    cohort: AtomicU64,
+    index: AtomicUsize,
+}
+
+impl Default for Place {
+    fn default() -> Place {
+        Place {
+            cohort: AtomicU64::new(Place::NONE),
+            index: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Place {
+    /// Not filed (yet, or any more); no cohort has this id.
+    pub(crate) const NONE: u64 = u64::MAX;
+
+    /// Where the grant was filed, and it is not filed any more.
+    pub(crate) fn take(&self) -> (u64, usize) {
+        (
+            self.cohort.swap(Place::NONE, Ordering::Relaxed),
+            self.index.load(Ordering::Relaxed),
+        )
+    }
+
+    pub(crate) fn set(&self, cohort: u64, index: usize) {
+        self.cohort.store(cohort, Ordering::Relaxed);
+        self.index.store(index, Ordering::Relaxed);
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -43,8 +82,13 @@ struct Confirmed {
     lease: Duration,
 }
 
-fn deadline_of(c: Confirmed) -> Instant {
-    c.sent + c.lease.saturating_sub(drift_margin(c.lease))
+fn local_deadline(c: Confirmed) -> Instant {
+    deadline_of(c.sent, c.lease)
+}
+
+/// The local deadline of a lease confirmed by a round trip sent at `sent`.
+pub(crate) fn deadline_of(sent: Instant, lease: Duration) -> Instant {
+    sent + lease.saturating_sub(drift_margin(lease))
 }
 
 /// How much earlier than Redis the local deadline gives up the lock: Redis' own Redlock margin,
@@ -64,6 +108,7 @@ impl Grant {
         sent: Instant,
         auto_renew: bool,
         max_hold: Option<Duration>,
+        queued: bool,
         waiters: Weak<Waiters>,
     ) -> Grant {
         Grant {
@@ -73,10 +118,12 @@ impl Grant {
             token,
             auto_renew,
             renew_until: max_hold.and_then(|d| sent.checked_add(d)),
+            queued,
             confirmed: Mutex::new(Confirmed { sent, lease }),
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_tx: Mutex::new(None),
+            place: Place::default(),
             waiters,
         }
     }
@@ -107,6 +154,12 @@ impl Grant {
         self.confirmed().lease
     }
 
+    /// The lease the last confirmation set, and the local deadline it gives.
+    pub(crate) fn lease_and_deadline(&self) -> (Duration, Instant) {
+        let confirmed = self.confirmed();
+        (confirmed.lease, local_deadline(confirmed))
+    }
+
     /// When the lease is next due for renewal: a third of a lease after its last confirmation.
     pub(crate) fn next_renewal(&self) -> Instant {
         let confirmed = self.confirmed();
@@ -124,7 +177,7 @@ impl Grant {
         if self.lost.load(Ordering::Acquire) {
             return false;
         }
-        if Instant::now() >= deadline_of(*confirmed) {
+        if Instant::now() >= local_deadline(*confirmed) {
             drop(confirmed);
             self.mark_lost("its lease ran out before a renewal was confirmed");
             return false;
@@ -139,7 +192,7 @@ impl Grant {
 
     /// The local end of the lease, on the monotonic clock.
     pub(crate) fn deadline(&self) -> Instant {
-        deadline_of(self.confirmed())
+        local_deadline(self.confirmed())
     }
 
     /// Loss is one-way: past the deadline the grant is marked lost, by whoever notices first.
@@ -163,7 +216,7 @@ impl Grant {
         if !self.ended.load(Ordering::Acquire) {
             log::warn!(
                 "fencelock: lost the lock on {:?} (token {}): {why}",
-                self.keys.user,
+                self.keys.user(),
                 self.token
             );
         }
@@ -176,7 +229,7 @@ impl Grant {
             let _ = tx.try_send(());
         }
         if let Some(waiters) = self.waiters.upgrade() {
-            waiters.wake_head(&self.keys.tag);
+            waiters.wake_head(self.keys.tag());
         }
         true
     }

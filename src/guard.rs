@@ -48,7 +48,7 @@ impl LockGuard {
 
     /// The key this guard holds, as given to [`LockClient::lock`].
     pub fn key(&self) -> &str {
-        &self.grant.keys.user
+        self.grant.keys.user()
     }
 
     /// The fencing token of this grant: larger than that of every earlier grant of the key.
@@ -140,7 +140,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.grant.keys.user)
+            .field("key", &self.grant.keys.user())
             .field("token", &self.grant.token)
             .field("held", &self.is_held())
             .finish_non_exhaustive()

@@ -8,40 +8,76 @@ pub const MAX_KEY_LEN: usize = 512;
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
 
-/// The Redis names derived from one user key.
+/// The Redis names derived from one user key, in one allocation: a lock call makes one of these.
 ///
-/// `tag` is the user key with `%`, `{` and `}` percent-escaped. The escaping is injective (two
+/// The tag is the user key with `%`, `{` and `}` percent-escaped. The escaping is injective (two
 /// user keys never share a tag) and leaves no `}` inside the braces, so `{tag}` is always a
 /// complete Cluster hash tag and the lock key and fence key of one user key share a slot,
 /// whatever bytes the user key holds.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    /// The key as the user gave it, for errors and logs.
-    pub(crate) user: String,
-    pub(crate) tag: String,
-    /// `<namespace>:lock:{<tag>}`: the owner id of the current grant, with the lease as TTL.
-    pub(crate) lock: String,
-    /// `<namespace>:fence:{<tag>}`: the fencing counter; never expires.
-    pub(crate) fence: String,
-    /// `<namespace>:queue:{<tag>}`: the owner ids of waiters (one per waiting client), oldest
-    /// first, to which a release hands the lock.
-    pub(crate) queue: String,
-    /// `<namespace>:waiters:{<tag>}`: each queued owner id's expiry and lease.
-    pub(crate) entries: String,
+    /// The user key, the tag and the four Redis keys, one after another.
+    names: String,
+    /// Where each of them ends in `names`.
+    ends: [usize; 6],
 }
 
 impl LockKeys {
     pub(crate) fn new(namespace: &str, key: &str) -> Result<LockKeys> {
         validate_key(key)?;
         let tag = escape(key);
-        Ok(LockKeys {
-            user: key.to_owned(),
-            lock: format!("{namespace}:lock:{{{tag}}}"),
-            fence: format!("{namespace}:fence:{{{tag}}}"),
-            queue: format!("{namespace}:queue:{{{tag}}}"),
-            entries: format!("{namespace}:waiters:{{{tag}}}"),
-            tag,
-        })
+        let mut names = String::with_capacity(key.len() + 5 * tag.len() + 4 * namespace.len() + 40);
+        let mut ends = [0; 6];
+        names.push_str(key);
+        ends[0] = names.len();
+        names.push_str(&tag);
+        ends[1] = names.len();
+        for (i, kind) in ["lock", "fence", "queue", "waiters"]
+            .into_iter()
+            .enumerate()
+        {
+            names.push_str(namespace);
+            names.push(':');
+            names.push_str(kind);
+            names.push_str(":{");
+            names.push_str(&tag);
+            names.push('}');
+            ends[i + 2] = names.len();
+        }
+        Ok(LockKeys { names, ends })
+    }
+
+    fn part(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.names[start..self.ends[i]]
+    }
+
+    /// The key as the user gave it, for errors and logs.
+    pub(crate) fn user(&self) -> &str {
+        self.part(0)
+    }
+
+    /// The escaped user key: names the key in this client's queues and in release messages.
+    pub(crate) fn tag(&self) -> &str {
+        self.part(1)
+    }
+
+    /// `<namespace>:lock:{<tag>}`: the owner id of the current grant, with the lease as TTL.
+    pub(crate) fn lock(&self) -> &str {
+        self.part(2)
+    }
+
+    /// `<namespace>:fence:{<tag>}`: the fencing counter; never expires.
+    pub(crate) fn fence(&self) -> &str {
+        self.part(3)
+    }
+
+    /// KEYS of the acquire and release scripts, in order: the lock key, the fence key, then
+    /// `<namespace>:queue:{<tag>}` (the owner ids of waiters, one per waiting client, oldest
+    /// first, to which a release hands the lock) and `<namespace>:waiters:{<tag>}` (each queued
+    /// owner id's expiry and lease).
+    pub(crate) fn all(&self) -> [&str; 4] {
+        [self.part(2), self.part(3), self.part(4), self.part(5)]
     }
 }
 
@@ -127,10 +163,28 @@ mod tests {
             "%",
         ] {
             let k = LockKeys::new("ns", key).unwrap();
-            assert_eq!(slot_tag(&k.lock), slot_tag(&k.fence), "{key:?}");
-            assert_eq!(slot_tag(&k.lock), k.tag, "{key:?}");
-            assert!(!k.tag.contains('}') && !k.tag.contains('{'), "{key:?}");
+            assert_eq!(slot_tag(k.lock()), slot_tag(k.fence()), "{key:?}");
+            assert_eq!(slot_tag(k.lock()), k.tag(), "{key:?}");
+            assert!(!k.tag().contains('}') && !k.tag().contains('{'), "{key:?}");
         }
+    }
+
+    #[test]
+    fn every_name_of_a_key_is_laid_out_as_documented() {
+        let k = LockKeys::new("ns", "a{b}%").unwrap();
+        assert_eq!(k.user(), "a{b}%");
+        assert_eq!(k.tag(), "a%7Bb%7D%25");
+        assert_eq!(k.lock(), "ns:lock:{a%7Bb%7D%25}");
+        assert_eq!(k.fence(), "ns:fence:{a%7Bb%7D%25}");
+        assert_eq!(
+            k.all(),
+            [
+                "ns:lock:{a%7Bb%7D%25}",
+                "ns:fence:{a%7Bb%7D%25}",
+                "ns:queue:{a%7Bb%7D%25}",
+                "ns:waiters:{a%7Bb%7D%25}",
+            ]
+        );
     }
 
     #[test]

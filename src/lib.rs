@@ -126,6 +126,7 @@ mod renewal;
 mod scripts;
 mod token;
 mod wait;
+mod wire;
 
 pub use crate::client::LockClient;
 pub use crate::config::{Builder, MAX_LEASE, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_LEASE};

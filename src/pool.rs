@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
 
+use crate::wire;
+
 use crate::error::{Error, Result};
 
 pub(crate) struct Conn {
@@ -147,18 +149,28 @@ impl Pool {
 
     /// Runs `f` on a pooled connection. If the connection turns out to be broken (Redis restarted
     /// since it was made), every older connection is retired and `f` runs once more on a fresh
-    /// one, told so by its `bool` argument; a second failure is returned. `f` must be safe to
-    /// repeat: the first run may have taken effect before the connection broke.
+    /// one, told so by its `bool` argument; a second failure is returned. A reply a signal
+    /// interrupted costs a run again, on the same connection. `f` must be safe to repeat: the
+    /// first run may have taken effect before the connection broke or the read was cut.
     pub(crate) fn run<T>(
         &self,
         mut f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut conn = self.get()?;
         let mut result = f(&mut conn.con, false);
-        if result.as_ref().is_err_and(broke) {
-            self.retire_all();
-            drop(conn);
-            conn = self.get()?;
+        let mut reconnected = false;
+        for _ in 0..MAX_INTERRUPTS {
+            match &result {
+                Err(e) if broke(e) && !reconnected => {
+                    self.retire_all();
+                    drop(conn);
+                    conn = self.get()?;
+                    reconnected = true;
+                }
+                // A signal cut the wait for the reply; the connection is fine (see `wire`).
+                Err(e) if wire::interrupted(e) => {}
+                _ => break,
+            }
             result = f(&mut conn.con, true);
         }
         finish(&mut conn, result)
@@ -186,6 +198,9 @@ impl Pool {
             .fetch_max(made, Ordering::Relaxed);
     }
 }
+
+/// Runs of one call that signals may cut short before it gives up: a bound for a signal storm.
+const MAX_INTERRUPTS: usize = 16;
 
 /// The connection broke under the command (a restart, say), as opposed to a reply that is late.
 fn broke(e: &redis::RedisError) -> bool {

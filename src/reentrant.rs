@@ -69,7 +69,9 @@ impl LockClient {
     /// As for [`lock`](LockClient::lock); [`Error::WouldDeadlock`](crate::Error::WouldDeadlock)
     /// if this thread holds the key through a plain [`LockGuard`].
     pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
-        let tag = crate::key::LockKeys::new(self.namespace(), key)?.tag;
+        let tag = crate::key::LockKeys::new(self.namespace(), key)?
+            .tag()
+            .to_owned();
         let id = (self.identity(), tag);
         // While the thread exits, its map is gone: no nesting to find, and none to record.
         let nested = HOLDS

@@ -147,7 +147,7 @@ impl Waiters {
         let queues = self.queues();
         let queue = queues.get(tag)?;
         let head = queue.slots.front()?;
-        head.named.store(true, Ordering::Relaxed);
+        head.named.store(true, Ordering::SeqCst);
         Some(Next {
             slot: Arc::clone(head),
             first: queue.run < LOCAL_RUN,
@@ -243,6 +243,11 @@ impl Ticket {
         }
     }
 
+    /// Whether a release has named this waiter (and so may have put it in Redis' queue).
+    pub(crate) fn named(&self) -> bool {
+        self.slot.named.load(Ordering::SeqCst)
+    }
+
     /// Leaves the queue as the winner. The next in line is not woken: our release hands the
     /// lock to it, and should we lose the lock instead, the loss wakes it (see `Grant`).
     pub(crate) fn leave_granted(mut self) {
@@ -259,7 +264,7 @@ impl Ticket {
             Wake::Granted { token, since } => Some((token, since)),
             _ => None,
         });
-        (granted, self.slot.named.load(Ordering::Relaxed))
+        (granted, self.slot.named.load(Ordering::SeqCst))
     }
 
     fn remove(&mut self) {

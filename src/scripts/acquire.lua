@@ -7,7 +7,9 @@
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
 -- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
 -- ARGV[2]  lease      in milliseconds
--- ARGV[3]  '1': a waiter: join the queue if the lock is held; '0': a single try, never queued
+-- ARGV[3]  '0': a single try, never queued; '1': a waiter's first attempt: join the queue if the
+--          lock is held; '2': a waiter that may stand in the queue already: join or refresh its
+--          entry if the lock is held, take it out if granted
 --
 -- Returns  {1, token}  granted (and out of the queue). If the lock already belongs to ARGV[1] (a
 --                      retry after a reply was lost, or a release handed it to us) the lease is
@@ -20,7 +22,7 @@ local holder = redis.call('GET', KEYS[1])
 if holder == false then
   -- grant first: under maxmemory Redis refuses only a script's first write, and INCR must be it.
   local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
-  if ARGV[3] == '1' then
+  if ARGV[3] == '2' then
     dequeue(KEYS[3], KEYS[4], ARGV[1])
   end
   return {1, token}
@@ -34,7 +36,7 @@ if holder == ARGV[1] then
   return {1, token}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[3] == '1' then
+if ARGV[3] ~= '0' then
   enqueue(KEYS[3], KEYS[4], ARGV[1], ARGV[2], math.max(pttl, 0))
 end
 return {0, pttl}

@@ -10,10 +10,11 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{ConnectionLike, RedisResult, Script};
+use redis::{RedisResult, Script, Value};
 
 use crate::key::LockKeys;
 use crate::token::FencingToken;
+use crate::wire::{self, Arg};
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -50,60 +51,116 @@ pub(crate) struct ReplicaAcks {
 /// the replicas that received this very grant. Returns what the script found and, with `acks`,
 /// how many replicas acknowledged.
 pub(crate) fn acquire(
-    con: &mut dyn ConnectionLike,
+    con: &mut redis::Connection,
     keys: &LockKeys,
     owner: &str,
     lease: Duration,
-    queue: bool,
+    queue: Queue,
     acks: Option<ReplicaAcks>,
 ) -> RedisResult<(Acquire, Option<u32>)> {
-    let queue = if queue { "1" } else { "0" };
-    let ((granted, value), acked): ((i64, i64), Option<u32>) = match acks {
-        None => (
-            ACQUIRE
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .key(&keys.queue)
-                .key(&keys.entries)
-                .arg(owner)
-                .arg(millis(lease))
-                .arg(queue)
-                .invoke(con)?,
-            None,
-        ),
+    let queue = match queue {
+        Queue::Never => "0",
+        Queue::Join => "1",
+        Queue::Rejoin => "2",
+    };
+    let args = [Arg::Str(owner), Arg::Int(millis(lease)), Arg::Str(queue)];
+    let mut buf = Vec::with_capacity(256);
+    evalsha(&mut buf, &ACQUIRE, &keys.all(), &args);
+    let first = buf.len();
+    let (reply, acked) = match acks {
+        None => (run(con, &ACQUIRE, &buf)?, None),
         Some(acks) => {
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA")
-                .arg(ACQUIRE.get_hash())
-                .arg(4)
-                .arg(&keys.lock)
-                .arg(&keys.fence)
-                .arg(&keys.queue)
-                .arg(&keys.entries)
-                .arg(owner)
-                .arg(millis(lease))
-                .arg(queue)
-                .cmd("WAIT")
-                .arg(acks.replicas)
-                .arg(millis(acks.timeout));
-            let (reply, acked) = match pipe.query(con) {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    ACQUIRE.prepare_invoke().load(con)?;
-                    pipe.query(con)?
-                }
-                other => other?,
-            };
-            (reply, Some(acked))
+            wire::pack(
+                &mut buf,
+                &[
+                    Arg::Str("WAIT"),
+                    Arg::Int(u64::from(acks.replicas)),
+                    Arg::Int(millis(acks.timeout)),
+                ],
+            );
+            let ends = [first, buf.len()];
+            let (reply, acked) = both(run_pipeline(con, &ACQUIRE, &buf, &ends)?)?;
+            (reply, Some(redis::from_redis_value(acked)?))
         }
     };
+    let (granted, value): (i64, i64) = redis::from_redis_value(reply)?;
     let acquire = match granted {
         1 => Acquire::Granted(token(value, keys)?),
         _ if value < 0 => Acquire::Held(None),
         _ => Acquire::Held(Some(Duration::from_millis(value.unsigned_abs()))),
     };
     Ok((acquire, acked))
+}
+
+/// Whether a refused acquire joins the key's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queue {
+    /// A single try: never queued.
+    Never,
+    /// A waiter's first attempt: it cannot stand in the queue yet, so a grant has no entry to
+    /// take out.
+    Join,
+    /// A waiter's later attempt: it may stand in the queue.
+    Rejoin,
+}
+
+/// Appends `EVALSHA <sha> <keys> <args>` to `buf`.
+fn evalsha(buf: &mut Vec<u8>, script: &Script, keys: &[&str], args: &[Arg<'_>]) {
+    wire::array(buf, 3 + keys.len() + args.len());
+    wire::arg(buf, Arg::Str("EVALSHA"));
+    wire::arg(buf, Arg::Str(script.get_hash()));
+    wire::arg(buf, Arg::Int(keys.len() as u64));
+    for key in keys {
+        wire::arg(buf, Arg::Str(key));
+    }
+    for a in args {
+        wire::arg(buf, *a);
+    }
+}
+
+/// Whether a server error is NOSCRIPT: the script must be loaded before it runs.
+pub(crate) fn no_script(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Sends one EVALSHA of `script`; after NOSCRIPT (a restarted or flushed server) loads the
+/// script and sends it again.
+fn run(con: &mut redis::Connection, script: &Script, packed: &[u8]) -> RedisResult<Value> {
+    match wire::call(con, packed) {
+        Err(e) if no_script(&e) => {
+            script.load(con)?;
+            wire::call(con, packed)
+        }
+        other => other,
+    }
+}
+
+/// Like [`run`] for a pipeline (see [`wire::exchange`]) that starts with an EVALSHA of
+/// `script`.
+fn run_pipeline(
+    con: &mut redis::Connection,
+    script: &Script,
+    packed: &[u8],
+    ends: &[usize],
+) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
+    let replies = wire::exchange(con, packed, ends)?;
+    if let Some(Some(Err(e))) = replies.first() {
+        if no_script(e) {
+            script.load(con)?;
+            return wire::exchange(con, packed, ends);
+        }
+    }
+    Ok(replies)
+}
+
+/// The two replies of a two-command pipeline; one lost to signals fails it (the caller may run
+/// it again).
+fn both(replies: Vec<Option<RedisResult<Value>>>) -> RedisResult<(Value, Value)> {
+    let mut replies = replies.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(Some(first)), Some(Some(second))) => Ok((first?, second?)),
+        _ => Err(wire::interrupted_error()),
+    }
 }
 
 fn token(value: i64, keys: &LockKeys) -> RedisResult<FencingToken> {
@@ -115,7 +172,7 @@ fn token(value: i64, keys: &LockKeys) -> RedisResult<FencingToken> {
             redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
                 "fence counter is not a positive integer",
-                format!("{value} at {}", keys.fence),
+                format!("{value} at {}", keys.fence()),
             ))
         })
 }
@@ -151,7 +208,7 @@ pub(crate) struct Releaser<'a> {
 /// Compare-and-delete, or compare-and-hand-over to the next waiter. With `withdraw`, `owner` is
 /// a waiter leaving the queue, releasing the lock too if a handoff reached it meanwhile.
 pub(crate) fn release(
-    con: &mut dyn ConnectionLike,
+    con: &mut redis::Connection,
     keys: &LockKeys,
     owner: &str,
     withdraw: bool,
@@ -161,20 +218,19 @@ pub(crate) fn release(
         Some((next, lease, first)) => (next, millis(lease), first),
         None => ("", 0, false),
     };
-    let reply: Vec<redis::Value> = RELEASE
-        .key(&keys.lock)
-        .key(&keys.fence)
-        .key(&keys.queue)
-        .key(&keys.entries)
-        .arg(owner)
-        .arg(if withdraw { "1" } else { "0" })
-        .arg(by.channel)
-        .arg(&keys.tag)
-        .arg(by.prefix)
-        .arg(next)
-        .arg(next_lease)
-        .arg(if first { "1" } else { "0" })
-        .invoke(con)?;
+    let args = [
+        Arg::Str(owner),
+        Arg::Str(if withdraw { "1" } else { "0" }),
+        Arg::Str(by.channel),
+        Arg::Str(keys.tag()),
+        Arg::Str(by.prefix),
+        Arg::Str(next),
+        Arg::Int(next_lease),
+        Arg::Str(if first { "1" } else { "0" }),
+    ];
+    let mut buf = Vec::with_capacity(384);
+    evalsha(&mut buf, &RELEASE, &keys.all(), &args);
+    let reply: Vec<Value> = redis::from_redis_value(run(con, &RELEASE, &buf)?)?;
     let mut reply = reply.into_iter();
     let code: i64 = match reply.next() {
         Some(v) => redis::from_redis_value(v)?,
@@ -199,55 +255,62 @@ pub(crate) fn release(
 
 /// Compare-and-pexpire; `true` when the lock was ours and its lease is re-armed.
 pub(crate) fn extend(
-    con: &mut dyn ConnectionLike,
+    con: &mut redis::Connection,
     keys: &LockKeys,
     owner: &str,
     lease: Duration,
 ) -> RedisResult<bool> {
-    EXTEND
-        .key(&keys.lock)
-        .arg(owner)
-        .arg(millis(lease))
-        .invoke(con)
+    let mut buf = Vec::with_capacity(128);
+    pack_extend(&mut buf, keys, owner, lease);
+    extended(run(con, &EXTEND, &buf)?)
 }
 
 /// Compare-and-pexpire followed by `WAIT`, in one pipeline on one connection: the extend is a
 /// write of this connection, so the WAIT counts the replicas that have everything before it,
 /// whoever wrote it (a handoff written by another client's release included).
 pub(crate) fn extend_acked(
-    con: &mut dyn ConnectionLike,
+    con: &mut redis::Connection,
     keys: &LockKeys,
     owner: &str,
     lease: Duration,
     acks: ReplicaAcks,
 ) -> RedisResult<(bool, u32)> {
-    let mut pipe = redis::pipe();
-    pipe_extend(&mut pipe, keys, owner, lease);
-    pipe.cmd("WAIT")
-        .arg(acks.replicas)
-        .arg(millis(acks.timeout));
-    match pipe.query(con) {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            EXTEND.prepare_invoke().load(con)?;
-            pipe.query(con)
-        }
-        other => other,
-    }
+    let mut buf = Vec::with_capacity(160);
+    pack_extend(&mut buf, keys, owner, lease);
+    let first = buf.len();
+    wire::pack(
+        &mut buf,
+        &[
+            Arg::Str("WAIT"),
+            Arg::Int(u64::from(acks.replicas)),
+            Arg::Int(millis(acks.timeout)),
+        ],
+    );
+    let (reply, acked) = both(run_pipeline(con, &EXTEND, &buf, &[first, buf.len()])?)?;
+    Ok((extended(reply)?, redis::from_redis_value(acked)?))
 }
 
-/// Adds one extend call to a pipeline, by EVALSHA; the caller loads the script on NOSCRIPT.
-pub(crate) fn pipe_extend(
-    pipe: &mut redis::Pipeline,
-    keys: &LockKeys,
-    owner: &str,
-    lease: Duration,
-) {
-    pipe.cmd("EVALSHA")
-        .arg(EXTEND.get_hash())
-        .arg(1)
-        .arg(&keys.lock)
-        .arg(owner)
-        .arg(millis(lease));
+/// Appends one extend call, by EVALSHA, to `buf`; the caller loads the script on NOSCRIPT.
+pub(crate) fn pack_extend(buf: &mut Vec<u8>, keys: &LockKeys, owner: &str, lease: Duration) {
+    evalsha(
+        buf,
+        &EXTEND,
+        &[keys.lock()],
+        &[Arg::Str(owner), Arg::Int(millis(lease))],
+    );
+}
+
+/// The reply of one extend call: whether the lease was re-armed.
+pub(crate) fn extended(reply: Value) -> RedisResult<bool> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply from the extend script",
+            format!("{other:?}"),
+        ))),
+    }
 }
 
 /// Leases are validated to whole milliseconds well inside `u64`, so this never saturates in use.

@@ -1,0 +1,169 @@
+//! Our commands on the wire: RESP encoding of the few commands fencelock sends, and reading their
+//! replies one at a time.
+//!
+//! Encoding here rather than through `redis::Cmd` and `redis::Script` saves the copies they make
+//! of every argument: a lock and an unlock each cost one buffer. Reading replies one at a time
+//! is what makes a pipeline survive a signal. A socket with a read timeout (all of ours) is
+//! never restarted by the kernel after a signal handler runs, so a read fails with `EINTR` (a
+//! debugger or `strace` attaching does the same). redis-rs then keeps the connection and drops
+//! the interrupted reply when it arrives. Reading a pipeline's replies one by one, we know which
+//! command lost its reply and send it again; redis-rs' own pipeline reading would instead wait
+//! for one reply too many, until the read timeout.
+
+use std::collections::VecDeque;
+
+use redis::{RedisError, RedisResult, RetryMethod, Value};
+
+/// One argument of a command.
+#[derive(Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Str(&'a str),
+    Int(u64),
+}
+
+/// Appends one command, as a RESP array of bulk strings, to `buf`.
+pub(crate) fn pack(buf: &mut Vec<u8>, args: &[Arg<'_>]) {
+    array(buf, args.len());
+    for a in args {
+        arg(buf, *a);
+    }
+}
+
+/// Starts a command of `len` arguments; `len` calls of [`arg`] follow.
+pub(crate) fn array(buf: &mut Vec<u8>, len: usize) {
+    buf.push(b'*');
+    push_decimal(buf, len as u64);
+    buf.extend_from_slice(b"\r\n");
+}
+
+pub(crate) fn arg(buf: &mut Vec<u8>, arg: Arg<'_>) {
+    match arg {
+        Arg::Str(s) => bulk(buf, s.as_bytes()),
+        Arg::Int(n) => {
+            let mut digits = [0u8; 20];
+            bulk(buf, decimal(n, &mut digits));
+        }
+    }
+}
+
+fn bulk(buf: &mut Vec<u8>, data: &[u8]) {
+    buf.push(b'$');
+    push_decimal(buf, data.len() as u64);
+    buf.extend_from_slice(b"\r\n");
+    buf.extend_from_slice(data);
+    buf.extend_from_slice(b"\r\n");
+}
+
+fn push_decimal(buf: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    buf.extend_from_slice(decimal(n, &mut digits));
+}
+
+fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        // n % 10 < 10: the cast cannot truncate.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[at..];
+        }
+    }
+}
+
+/// Sends one command and reads its reply; a server error comes back as `Err`.
+pub(crate) fn call(con: &mut redis::Connection, packed: &[u8]) -> RedisResult<Value> {
+    redis::ConnectionLike::req_packed_command(con, packed)?.extract_error()
+}
+
+/// Sends `packed`, the commands ending at each offset of `ends`, and reads their replies in
+/// order: a server error is `Ok(Err(..))` (the rest still count). A command whose reply a signal
+/// interrupted is sent again, behind the others (so every command must be safe to repeat);
+/// past a budget of such repeats its reply is `None`. A timeout or a broken connection fails
+/// the whole exchange.
+pub(crate) fn exchange(
+    con: &mut redis::Connection,
+    packed: &[u8],
+    ends: &[usize],
+) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
+    con.send_packed_command(packed)?;
+    let mut replies: Vec<Option<RedisResult<Value>>> = ends.iter().map(|_| None).collect();
+    // The command each reply still to come answers, in order.
+    let mut awaited: VecDeque<usize> = (0..ends.len()).collect();
+    let mut repeats = 0;
+    while let Some(i) = awaited.pop_front() {
+        match con.recv_response() {
+            // Out-of-band (RESP3 pushes): not a reply to any of ours.
+            Ok(Value::Push { .. }) => awaited.push_front(i),
+            Ok(value) => replies[i] = Some(value.extract_error()),
+            Err(e) if interrupted(&e) => {
+                // redis-rs drops this reply when it comes: ask again.
+                if repeats < MAX_REPEATS + ends.len() {
+                    let start = if i == 0 { 0 } else { ends[i - 1] };
+                    con.send_packed_command(&packed[start..ends[i]])?;
+                    awaited.push_back(i);
+                    repeats += 1;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(replies)
+}
+
+/// Repeats of interrupted commands one exchange allows beyond one per command: a bound for a
+/// signal storm.
+const MAX_REPEATS: usize = 16;
+
+/// An I/O error that left the connection usable: a read interrupted by a signal, say. redis-rs
+/// keeps such a connection and skips the late reply. (redis-rs does not expose the I/O error
+/// kind; every I/O error it classes as neither a timeout nor a dropped connection is one it
+/// advises retrying at once.)
+pub(crate) fn interrupted(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Io
+        && !e.is_timeout()
+        && !e.is_connection_dropped()
+        && matches!(e.retry_method(), RetryMethod::RetryImmediately)
+}
+
+/// The error an interrupted reply of a pipeline turns into when the caller needs every reply.
+pub(crate) fn interrupted_error() -> RedisError {
+    RedisError::from(std::io::Error::from(std::io::ErrorKind::Interrupted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packs_a_command_as_resp_bulk_strings() {
+        let mut buf = Vec::new();
+        pack(
+            &mut buf,
+            &[
+                Arg::Str("EVALSHA"),
+                Arg::Str(""),
+                Arg::Int(0),
+                Arg::Int(u64::MAX),
+            ],
+        );
+        assert_eq!(
+            buf,
+            b"*4\r\n$7\r\nEVALSHA\r\n$0\r\n\r\n$1\r\n0\r\n$20\r\n18446744073709551615\r\n"
+        );
+    }
+
+    #[test]
+    fn an_interrupted_read_is_told_from_timeouts_and_breaks() {
+        let io = |kind| RedisError::from(std::io::Error::from(kind));
+        assert!(interrupted(&io(std::io::ErrorKind::Interrupted)));
+        assert!(interrupted(&interrupted_error()));
+        assert!(!interrupted(&io(std::io::ErrorKind::TimedOut)));
+        assert!(!interrupted(&io(std::io::ErrorKind::WouldBlock)));
+        assert!(!interrupted(&io(std::io::ErrorKind::ConnectionReset)));
+        assert!(!interrupted(&io(std::io::ErrorKind::UnexpectedEof)));
+        let server = RedisError::from((redis::ErrorKind::Client, "no"));
+        assert!(!interrupted(&server));
+    }
+}

@@ -1,0 +1,144 @@
+//! Signals: a socket with a read timeout is never restarted after a signal handler runs, so a
+//! read blocked on a reply fails with EINTR (a debugger or `strace` attaching does the same).
+//! fencelock must ride that out: no error, no lost lease, no lock left behind.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::proxy::{Mode, Proxy};
+use support::{lock_exists, ms, RedisServer};
+
+static SIGNALS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn count_signal(_: libc::c_int) {
+    SIGNALS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Installs a SIGUSR1 handler without SA_RESTART (with it, the socket's timeout still stops the
+/// kernel from restarting the read).
+fn install_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = count_signal as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        action.sa_flags = 0;
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
+            0
+        );
+    });
+}
+
+/// Sends SIGUSR1 to `thread` every 3 ms (a signal in about every other round trip of 2 ms) until
+/// `stop`, for at most `limit`. Returns how many were sent.
+fn pester(thread: libc::pthread_t, stop: &AtomicBool, limit: Duration) -> u64 {
+    let end = Instant::now() + limit;
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        if unsafe { libc::pthread_kill(thread, libc::SIGUSR1) } != 0 {
+            break;
+        }
+        sent += 1;
+        thread::sleep(ms(3));
+    }
+    sent
+}
+
+/// The pthread of the client's renewal thread, found by name.
+fn renewal_thread_tid() -> libc::pid_t {
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+    for task in tasks {
+        let path = task.unwrap().path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim() == "fencelock-renew" {
+            return path.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no renewal thread found");
+}
+
+#[test]
+fn lock_and_unlock_ride_out_signals() {
+    install_handler();
+    let server = RedisServer::start();
+    // A slower round trip (1 ms each way) puts most signals inside a read of a reply.
+    let proxy = Proxy::start(server.port());
+    proxy.set_mode(Mode::Delay(ms(1)));
+    let client = fencelock::LockClient::builder(proxy.url())
+        .namespace("test")
+        .lease(ms(3_000))
+        .build()
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut done = 0;
+            let end = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < end && done < 500 {
+                let key = format!("signals:{}", done % 7);
+                let guard = client.lock(&key).expect("lock under signals");
+                assert!(guard.is_held());
+                guard.unlock().expect("unlock under signals");
+                done += 1;
+            }
+            stop.store(true, Ordering::Relaxed);
+            done
+        })
+    };
+    let target = rx.recv().unwrap();
+    let sent = pester(target, &stop, Duration::from_secs(5));
+    stop.store(true, Ordering::Relaxed);
+    let done = worker.join().expect("no lock or unlock failed");
+    assert!(done >= 50, "only {done} lock/unlock cycles in 2 s");
+    assert!(
+        sent >= 100 && SIGNALS.load(Ordering::Relaxed) >= 100,
+        "too few signals to mean anything: {sent} sent"
+    );
+    // Nothing was left locked by an acquire whose reply a signal cut short.
+    let mut con = server.connection();
+    for i in 0..7 {
+        assert!(!lock_exists(&mut con, &format!("signals:{i}")));
+    }
+}
+
+#[test]
+fn renewals_ride_out_signals() {
+    install_handler();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_mode(Mode::Delay(ms(2)));
+    let client = fencelock::LockClient::builder(proxy.url())
+        .namespace("test")
+        .lease(ms(600))
+        .build()
+        .unwrap();
+    let guards: Vec<_> = (0..300)
+        .map(|i| client.lock(&format!("renewed:{i}")).unwrap())
+        .collect();
+    let renewal = renewal_thread_tid();
+    // Five leases' worth of renewals, each pipeline read pestered: a signal every 200 µs, against
+    // replies that take 4 ms to come.
+    let end = Instant::now() + ms(3_000);
+    let mut sent = 0u64;
+    while Instant::now() < end {
+        if unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), renewal, libc::SIGUSR1) } != 0 {
+            break;
+        }
+        sent += 1;
+        thread::sleep(Duration::from_micros(200));
+    }
+    assert!(sent >= 1_000, "too few signals to mean anything: {sent}");
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    assert_eq!(lost, 0, "{lost} of 300 leases lost under signals");
+    for guard in guards {
+        guard.unlock().expect("unlock after signals");
+    }
+}
