@@ -249,16 +249,18 @@ impl LockClient {
     }
 
     fn acquire_once(&self, key: &str, options: &LockOptions) -> Result<Option<LockGuard>> {
-        let keys = self.prepare(key, options)?;
-        let owner = self.new_owner();
+        let mut keys = self.prepare(key, options)?;
+        self.new_owner(&mut keys);
         let lease = options.lease.unwrap_or(self.inner.config.lease);
         let sent = Instant::now();
-        Ok(match self.attempt(&keys, &owner, lease, Queue::Never)? {
-            Acquire::Granted(token) => {
-                Some(self.grant(keys, owner, token, sent, lease, options, false))
-            }
-            Acquire::Held(_) => None,
-        })
+        Ok(
+            match self.attempt(&keys, keys.owner(), lease, Queue::Never)? {
+                Acquire::Granted(token) => {
+                    Some(self.grant(keys, token, sent, lease, options, false))
+                }
+                Acquire::Held(_) => None,
+            },
+        )
     }
 
     /// Waits in the key's local queue until granted, `deadline`, or cancelled: at its head it
@@ -284,18 +286,19 @@ impl LockClient {
         deadline: Option<Instant>,
         options: &LockOptions,
     ) -> Result<Round> {
-        let keys = self.prepare(key, options)?;
-        let owner = self.new_owner();
+        let mut keys = self.prepare(key, options)?;
+        self.new_owner(&mut keys);
+        let owner = keys.owner();
         let lease = options.lease.unwrap_or(self.inner.config.lease);
         let mut wait = Wait {
             joined: Instant::now(),
-            ticket: self.inner.waiters.join(keys.tag(), &owner, lease),
+            ticket: self.inner.waiters.join(keys.tag(), owner, lease),
             queued_since: None,
         };
-        let found = self.wait_for_grant(&keys, &owner, lease, deadline, options, &mut wait);
+        let found = self.wait_for_grant(&keys, owner, lease, deadline, options, &mut wait);
         if let Ok(Some((token, sent, via))) = found {
             wait.ticket.leave_granted();
-            return self.take(keys, owner, token, sent, lease, options, via);
+            return self.take(keys, token, sent, lease, options, via);
         }
         // Leaving without a grant; a handoff may have reached us all the same.
         let earliest = wait.since();
@@ -303,13 +306,13 @@ impl LockClient {
         if let (Some((token, since)), Ok(None)) = (late, &found) {
             // Granted before we gave up: better taken than handed on.
             let sent = since.unwrap_or(earliest);
-            return self.take(keys, owner, token, sent, lease, options, Via::Handoff);
+            return self.take(keys, token, sent, lease, options, Via::Handoff);
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
         if wait.queued_since.is_some() || named {
             // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
             // is passed on. On failure, the entry expires by itself.
-            if let Err(e) = self.hand_over(&keys, &owner, true) {
+            if let Err(e) = self.hand_over(&keys, owner, true) {
                 log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
             }
         }
@@ -387,11 +390,9 @@ impl LockClient {
     /// Turns a token into a guard. A lock handed over by a release started its lease at some
     /// unknown moment after `sent`; if little of it is left by that count, one extend confirms
     /// it before the holder relies on it.
-    #[allow(clippy::too_many_arguments)] // the facts of one grant, passed on to `grant`
     fn take(
         &self,
         keys: LockKeys,
-        owner: String,
         token: FencingToken,
         sent: Instant,
         lease: Duration,
@@ -406,11 +407,11 @@ impl LockClient {
             let (ours, acked) = self
                 .inner
                 .pool
-                .run(|con, _| scripts::extend_acked(con, &keys, &owner, lease, acks))?;
+                .run(|con, _| scripts::extend_acked(con, &keys, keys.owner(), lease, acks))?;
             if !ours {
                 return Ok(Round::Stale);
             }
-            let guard = self.grant(keys, owner, token, sent, lease, options, false);
+            let guard = self.grant(keys, token, sent, lease, options, false);
             if acked < acks.replicas {
                 let _ = guard.unlock();
                 return Err(Error::NotReplicated {
@@ -420,7 +421,7 @@ impl LockClient {
             }
             return Ok(Round::Granted(guard));
         }
-        let guard = self.grant(keys, owner, token, sent, lease, options, queued);
+        let guard = self.grant(keys, token, sent, lease, options, queued);
         if sent.elapsed() > lease / 2 {
             match guard.extend(lease) {
                 Ok(()) => {}
@@ -478,17 +479,15 @@ impl LockClient {
     }
 
     /// A fresh owner id for every lock call: never reused, and not derivable from the key.
-    fn new_owner(&self) -> String {
+    fn new_owner(&self, keys: &mut LockKeys) {
         let n = self.inner.next_owner.fetch_add(1, Ordering::Relaxed);
-        format!("{}{n}", self.inner.owner_prefix)
+        keys.set_owner(&self.inner.owner_prefix, n);
     }
 
     /// Makes the guard of a grant; `queued` if its owner may still stand in Redis' queue.
-    #[allow(clippy::too_many_arguments)] // the facts of one grant, passed on to `Grant::new`
     fn grant(
         &self,
         keys: LockKeys,
-        owner: String,
         token: FencingToken,
         sent: Instant,
         lease: Duration,
@@ -500,7 +499,6 @@ impl LockClient {
         let grant = Grant::new(
             id,
             keys,
-            owner,
             token,
             lease,
             sent,
@@ -581,13 +579,16 @@ impl LockClient {
             }
         }
         let user = grant.keys.user();
-        let (released, reply_lost) = match self.hand_over(&grant.keys, &grant.owner, grant.queued) {
-            Ok(found) => found,
-            Err(e) => {
-                log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
-                return Err(e);
-            }
-        };
+        let (released, reply_lost) =
+            match self.hand_over(&grant.keys, grant.keys.owner(), grant.queued) {
+                Ok(found) => found,
+                Err(e) => {
+                    log::warn!(
+                        "fencelock: releasing {user:?} failed, it expires with its lease: {e}"
+                    );
+                    return Err(e);
+                }
+            };
         match released {
             Released::Freed | Released::HandedOver { .. } => {
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);

@@ -13,9 +13,8 @@ use crate::wait::Waiters;
 pub(crate) struct Grant {
     /// Unique within the client; names the grant to the renewal thread.
     pub(crate) id: u64,
+    /// The key's names, and the owner id stored at the lock key (`LockKeys::owner`).
     pub(crate) keys: LockKeys,
-    /// The uuid stored at the lock key. Never logged above debug, never shown by `Debug`.
-    pub(crate) owner: String,
     pub(crate) token: FencingToken,
     /// Whether the renewal thread keeps the lease alive (`LockOptions::renew`).
     pub(crate) auto_renew: bool,
@@ -102,7 +101,6 @@ impl Grant {
     pub(crate) fn new(
         id: u64,
         keys: LockKeys,
-        owner: String,
         token: FencingToken,
         lease: Duration,
         sent: Instant,
@@ -114,7 +112,6 @@ impl Grant {
         Grant {
             id,
             keys,
-            owner,
             token,
             auto_renew,
             renew_until: max_hold.and_then(|d| sent.checked_add(d)),
@@ -166,10 +163,10 @@ impl Grant {
         confirmed.sent + confirmed.lease / 3
     }
 
-    /// A renewal or extend sent at `sent`, setting `lease`, succeeded. Returns false, and marks
-    /// the grant lost, if the local deadline passed before the reply came: once `is_held()` could
-    /// have said false, it must never say true again.
-    pub(crate) fn confirm(&self, sent: Instant, lease: Duration) -> bool {
+    /// A renewal or extend sent at `sent`, setting `lease`, succeeded; its reply came no later
+    /// than `now`. Returns false, and marks the grant lost, if the local deadline passed before
+    /// then: once `is_held()` could have said false, it must never say true again.
+    pub(crate) fn confirm(&self, sent: Instant, lease: Duration, now: Instant) -> bool {
         let mut confirmed = self
             .confirmed
             .lock()
@@ -177,7 +174,7 @@ impl Grant {
         if self.lost.load(Ordering::Acquire) {
             return false;
         }
-        if Instant::now() >= local_deadline(*confirmed) {
+        if now >= local_deadline(*confirmed) {
             drop(confirmed);
             self.mark_lost("its lease ran out before a renewal was confirmed");
             return false;

@@ -14,20 +14,22 @@ pub const MAX_NAMESPACE_LEN: usize = 64;
 /// user keys never share a tag) and leaves no `}` inside the braces, so `{tag}` is always a
 /// complete Cluster hash tag and the lock key and fence key of one user key share a slot,
 /// whatever bytes the user key holds.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct LockKeys {
-    /// The user key, the tag and the four Redis keys, one after another.
+    /// The user key, the tag, the four Redis keys and the owner id, one after another.
     names: String,
     /// Where each of them ends in `names`.
-    ends: [usize; 6],
+    ends: [usize; 7],
 }
 
 impl LockKeys {
     pub(crate) fn new(namespace: &str, key: &str) -> Result<LockKeys> {
         validate_key(key)?;
         let tag = escape(key);
-        let mut names = String::with_capacity(key.len() + 5 * tag.len() + 4 * namespace.len() + 40);
-        let mut ends = [0; 6];
+        // Room for the owner id too: "<32 hex digits>:<counter>".
+        let mut names =
+            String::with_capacity(key.len() + 5 * tag.len() + 4 * namespace.len() + 40 + 56);
+        let mut ends = [0; 7];
         names.push_str(key);
         ends[0] = names.len();
         names.push_str(&tag);
@@ -44,7 +46,24 @@ impl LockKeys {
             names.push('}');
             ends[i + 2] = names.len();
         }
+        ends[6] = names.len();
         Ok(LockKeys { names, ends })
+    }
+
+    /// Names the owner of this lock call: `<prefix><n>`.
+    pub(crate) fn set_owner(&mut self, prefix: &str, n: u64) {
+        use std::fmt::Write as _;
+        self.names.truncate(self.ends[5]);
+        self.names.push_str(prefix);
+        // Writing to a String cannot fail.
+        let _ = write!(self.names, "{n}");
+        self.ends[6] = self.names.len();
+    }
+
+    /// The owner id stored at the lock key while this lock call holds it: fresh for every lock
+    /// call. Never logged above debug.
+    pub(crate) fn owner(&self) -> &str {
+        self.part(6)
     }
 
     fn part(&self, i: usize) -> &str {
@@ -172,6 +191,11 @@ mod tests {
     #[test]
     fn every_name_of_a_key_is_laid_out_as_documented() {
         let k = LockKeys::new("ns", "a{b}%").unwrap();
+        let mut k = k;
+        k.set_owner("c0ffee:", 42);
+        assert_eq!(k.owner(), "c0ffee:42");
+        k.set_owner("c0ffee:", 7);
+        assert_eq!(k.owner(), "c0ffee:7");
         assert_eq!(k.user(), "a{b}%");
         assert_eq!(k.tag(), "a%7Bb%7D%25");
         assert_eq!(k.lock(), "ns:lock:{a%7Bb%7D%25}");

@@ -296,19 +296,22 @@ impl Renewer {
         for (index, grant) in members.iter().enumerate() {
             grant.place.set(id, index);
         }
-        if let Some(next) = next {
+        let cohort = Cohort {
+            next,
+            deadline,
+            window,
+            members,
+        };
+        self.register(id, cohort);
+    }
+
+    /// Puts a cohort whose members know their place in the schedule.
+    fn register(&mut self, id: u64, cohort: Cohort) {
+        if let Some(next) = cohort.next {
             self.renewals.insert((next, id));
         }
-        self.deadlines.insert((deadline, id));
-        self.cohorts.insert(
-            id,
-            Cohort {
-                next,
-                deadline,
-                window,
-                members,
-            },
-        );
+        self.deadlines.insert((cohort.deadline, id));
+        self.cohorts.insert(id, cohort);
     }
 
     /// Takes a cohort out of the schedule, members and all.
@@ -432,18 +435,37 @@ impl Renewer {
                 return;
             }
         };
-        // Confirmed leases make one cohort per lease (nearly always one); a reply lost to a storm
-        // of signals is tried again soon.
-        let mut renewed: Vec<(Duration, Vec<Arc<Grant>>)> = Vec::new();
+        // Confirmed leases make a cohort per lease (nearly always one), filed as they are
+        // settled: a batch's grants are touched once here, as this walk over them is what costs
+        // (cache misses). A reply lost to a storm of signals is tried again soon.
+        let now = Instant::now();
+        let mut renewed: Vec<(u64, Cohort)> = Vec::new();
         let mut again = Vec::new();
         for ((grant, lease), reply) in batch.into_iter().zip(leases).zip(replies) {
             match reply {
                 Some(Ok(reply)) => match scripts::extended(reply) {
-                    Ok(true) if grant.confirm(sent, lease) => {
-                        match renewed.iter_mut().find(|(l, _)| *l == lease) {
-                            Some((_, grants)) => grants.push(grant),
-                            None => renewed.push((lease, vec![grant])),
-                        }
+                    Ok(true) if grant.confirm(sent, lease, now) => {
+                        // The lease runs at least until `sent + lease` (later if extended since).
+                        let deadline = crate::grant::deadline_of(sent, lease);
+                        let next = sent + lease / 3;
+                        let next = grant.renew_until.is_none_or(|u| next < u).then_some(next);
+                        let found = renewed
+                            .iter()
+                            .position(|(_, c)| c.deadline == deadline && c.next == next);
+                        let i = found.unwrap_or_else(|| {
+                            let cohort = Cohort {
+                                next,
+                                deadline,
+                                window: lease / 6,
+                                members: Vec::new(),
+                            };
+                            renewed.push((self.next_cohort, cohort));
+                            self.next_cohort += 1;
+                            renewed.len() - 1
+                        });
+                        let (id, cohort) = &mut renewed[i];
+                        grant.place.set(*id, cohort.members.len());
+                        cohort.members.push(grant);
                     }
                     Ok(true) => {
                         // Confirmed too late: `confirm` marked it lost.
@@ -462,15 +484,8 @@ impl Renewer {
                 None => again.push(grant),
             }
         }
-        for (lease, grants) in renewed {
-            // Each lease now runs at least until `sent + lease` (later for one extended since).
-            let next = sent + lease / 3;
-            let deadline = crate::grant::deadline_of(sent, lease);
-            let (renewed, stopping): (Vec<_>, Vec<_>) = grants
-                .into_iter()
-                .partition(|g| g.renew_until.is_none_or(|until| next < until));
-            self.file_cohort(renewed, Some(next), deadline, lease / 6);
-            self.file_cohort(stopping, None, deadline, lease / 6);
+        for (id, cohort) in renewed {
+            self.register(id, cohort);
         }
         if let Some(first) = again.first() {
             let retry = sent + retry_delay(first.lease());
@@ -508,7 +523,7 @@ impl Renewer {
                 }
                 return reply;
             }
-            Ok(true) if grant.confirm(sent, lease) => {
+            Ok(true) if grant.confirm(sent, lease, Instant::now()) => {
                 // Its own schedule now: the lease may differ from its cohort's.
                 if let Some(grant) = self.forget(grant.id) {
                     self.held.insert(grant.id, Arc::clone(&grant));
@@ -535,7 +550,7 @@ impl Renewer {
 
     fn extend_once(&mut self, grant: &Arc<Grant>, lease: Duration) -> redis::RedisResult<bool> {
         let con = self.connection(std::slice::from_ref(grant))?;
-        scripts::extend(con, &grant.keys, &grant.owner, lease)
+        scripts::extend(con, &grant.keys, grant.keys.owner(), lease)
     }
 
     /// One pipeline of extend calls, with a reply per call (`None`: a signal interrupted the
@@ -549,7 +564,7 @@ impl Renewer {
         buf.clear();
         ends.clear();
         for (grant, lease) in batch.iter().zip(leases) {
-            scripts::pack_extend(&mut buf, &grant.keys, &grant.owner, *lease);
+            scripts::pack_extend(&mut buf, &grant.keys, grant.keys.owner(), *lease);
             ends.push(buf.len());
         }
         let result = self.connection(batch).and_then(|con| {
