@@ -16,7 +16,7 @@ use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
-use crate::scripts::{self, Acquire, Queue, Released, Releaser};
+use crate::scripts::{self, Acquire, Queue, Released};
 use crate::token::FencingToken;
 use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake};
 
@@ -56,8 +56,6 @@ struct Inner {
     /// Every owner id of this client starts with this: a random id for the client, and `:`.
     owner_prefix: String,
     next_owner: AtomicU64,
-    /// The namespace's release channel, where handoffs to other clients' waiters are published.
-    channel: String,
     /// Which grant, taken by which thread, holds each key this client holds: the deadlock check.
     holders: Mutex<HashMap<String, (u64, ThreadId)>>,
     pool: Pool,
@@ -84,13 +82,12 @@ impl LockClient {
     pub(crate) fn start(client: redis::Client, config: Config) -> Result<LockClient> {
         let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
         let waiters = Arc::new(Waiters::default());
-        let channel = release_channel(&config.namespace);
         // One random id per client, a counter per lock call: owner ids never repeat, cost no
         // system call each, and tell a client which handoffs are addressed to it.
         let owner_prefix = format!("{}:", Uuid::new_v4().simple());
         wait::spawn_dispatcher(
             client.clone(),
-            channel.clone(),
+            release_channel(&config.namespace),
             owner_prefix.clone(),
             config.connection_timeout,
             Arc::downgrade(&waiters),
@@ -114,7 +111,6 @@ impl LockClient {
                 config,
                 owner_prefix,
                 next_owner: AtomicU64::new(0),
-                channel,
                 waiters,
                 renewal,
                 next_grant: AtomicU64::new(0),
@@ -451,14 +447,14 @@ impl LockClient {
                     // it did, and takes us out of the queue. (A retry of the whole closure after
                     // a broken connection is safe too: the script treats a lock already ours as
                     // granted.)
-                    let _ = scripts::release(con, keys, owner, true, &self.releaser(None));
+                    let _ = scripts::release(con, keys, owner, true, None);
                     Err(e)
                 }
                 Err(e) => Err(e),
                 Ok((found, acked)) => match (found, acks, acked) {
                     (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
                         // Too few replicas have it, so a failover could lose it: give it back.
-                        scripts::release(con, keys, owner, false, &self.releaser(None))?;
+                        scripts::release(con, keys, owner, false, None)?;
                         Ok(Err(Error::NotReplicated {
                             acked,
                             required: acks.replicas,
@@ -468,14 +464,6 @@ impl LockClient {
                 },
             }
         })?
-    }
-
-    fn releaser<'a>(&'a self, next: Option<(&'a str, Duration, bool)>) -> Releaser<'a> {
-        Releaser {
-            channel: &self.inner.channel,
-            prefix: &self.inner.owner_prefix,
-            next,
-        }
     }
 
     /// A fresh owner id for every lock call: never reused, and not derivable from the key.
@@ -637,7 +625,7 @@ impl LockClient {
             let mut reply_lost = false;
             let released = self.inner.pool.run(|con, retry| {
                 reply_lost |= retry;
-                scripts::release(con, keys, &owner, withdraw, &self.releaser(next_ref))
+                scripts::release(con, keys, &owner, withdraw, next_ref)
             });
             let released = match released {
                 Ok(released) => released,

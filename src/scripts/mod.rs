@@ -193,17 +193,10 @@ pub(crate) enum Released {
     },
 }
 
-/// A release's caller and its own next waiter.
-pub(crate) struct Releaser<'a> {
-    /// The namespace's release channel.
-    pub(crate) channel: &'a str,
-    /// Every owner id of the calling client starts with this.
-    pub(crate) prefix: &'a str,
-    /// The caller's own next waiter for the key, its lease, and whether it goes before the
-    /// queue in Redis. Otherwise it is granted the lock when that queue is empty, and queued
-    /// behind its waiter if not.
-    pub(crate) next: Option<(&'a str, Duration, bool)>,
-}
+/// The caller's own next waiter for a key being released: its owner id, its lease, and
+/// whether it goes before the queue in Redis. Otherwise it is granted the lock when that queue
+/// is empty, and queued behind its waiter if not.
+pub(crate) type Next<'a> = Option<(&'a str, Duration, bool)>;
 
 /// Compare-and-delete, or compare-and-hand-over to the next waiter. With `withdraw`, `owner` is
 /// a waiter leaving the queue, releasing the lock too if a handoff reached it meanwhile.
@@ -212,24 +205,28 @@ pub(crate) fn release(
     keys: &LockKeys,
     owner: &str,
     withdraw: bool,
-    by: &Releaser<'_>,
+    next: Next<'_>,
 ) -> RedisResult<Released> {
-    let (next, next_lease, first) = match by.next {
-        Some((next, lease, first)) => (next, millis(lease), first),
-        None => ("", 0, false),
-    };
-    let args = [
-        Arg::Str(owner),
-        Arg::Str(if withdraw { "1" } else { "0" }),
-        Arg::Str(by.channel),
-        Arg::Str(keys.tag()),
-        Arg::Str(by.prefix),
-        Arg::Str(next),
-        Arg::Int(next_lease),
-        Arg::Str(if first { "1" } else { "0" }),
-    ];
-    let mut buf = Vec::with_capacity(384);
-    evalsha(&mut buf, &RELEASE, &keys.all(), &args);
+    let withdraw = Arg::Str(if withdraw { "1" } else { "0" });
+    let mut buf = Vec::with_capacity(320);
+    match next {
+        None => evalsha(
+            &mut buf,
+            &RELEASE,
+            &keys.all(),
+            &[Arg::Str(owner), withdraw],
+        ),
+        Some((next, lease, first)) => {
+            let args = [
+                Arg::Str(owner),
+                withdraw,
+                Arg::Str(next),
+                Arg::Int(millis(lease)),
+                Arg::Str(if first { "1" } else { "0" }),
+            ];
+            evalsha(&mut buf, &RELEASE, &keys.all(), &args);
+        }
+    }
     let reply: Vec<Value> = redis::from_redis_value(run(con, &RELEASE, &buf)?)?;
     let mut reply = reply.into_iter();
     let code: i64 = match reply.next() {

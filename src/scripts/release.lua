@@ -9,33 +9,36 @@
 -- ARGV[1]  owner id of the grant being released
 -- ARGV[2]  '1': ARGV[1] is a waiter giving up: leave the queue first, then release the lock if
 --          a handoff reached us meanwhile; '0': a holder's release
--- ARGV[3]  release channel of the namespace
--- ARGV[4]  the escaped user key (the tag)
--- ARGV[5]  prefix of the caller's owner ids: handoffs to these are not published, the caller
---          delivers them itself
--- ARGV[6]  owner id of the caller's own next waiter for this key, or ''
--- ARGV[7]  its lease in ms (when ARGV[6] is set)
--- ARGV[8]  '1': grant ARGV[6] even if the queue has waiters (the caller bounds how often in a
+-- ARGV[3]  owner id of the caller's own next waiter for this key (absent: none)
+-- ARGV[4]  its lease in ms
+-- ARGV[5]  '1': grant ARGV[3] even if the queue has waiters (the caller bounds how often in a
 --          row it asks so); '0': the queue comes first
 --
 -- Returns  {0}                         the key is gone or belongs to another owner; nothing changed
 --          {1}                         deleted; nobody waits
---          {2, token, owner, lease}    handed to `owner`: ARGV[6] if ARGV[8] says so, else the
---                                      oldest live entry of the queue, else ARGV[6]. The new grant has its fencing token and the
---                                      owner's lease; unless the owner has the prefix ARGV[5],
---                                      "<token> <owner> <tag>" is published. When the queue's
---                                      waiter is served, ARGV[6] joins the back of the queue.
+--          {2, token, owner, lease}    handed to `owner`: ARGV[3] if ARGV[5] says so, else the
+--                                      oldest live entry of the queue, else ARGV[3]. The new
+--                                      grant has its fencing token and the owner's lease. Unless
+--                                      the owner is one of the caller's (its id starts like
+--                                      ARGV[1], up to the ':'), "<token> <owner> <tag>" is
+--                                      published on "<namespace>:released", both read off the
+--                                      lock key "<namespace>:lock:{<tag>}". When the queue's
+--                                      waiter is served, ARGV[3] joins the back of the queue.
+--
+-- What a handoff needs is derived here rather than passed: an unlock with nobody waiting, the
+-- common case, sends two arguments.
+local next_owner, next_lease = ARGV[3], ARGV[4]
 if ARGV[2] == '1' then
   dequeue(KEYS[3], KEYS[4], ARGV[1])
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {0}
 end
-if ARGV[6] ~= '' and ARGV[8] == '1' then
+if next_owner and ARGV[5] == '1' then
   -- It may stand in the queue too: a grant takes it out, or a later release would hand the lock
   -- to a waiter that is done.
-  dequeue(KEYS[3], KEYS[4], ARGV[6])
-  return {2, grant(KEYS[1], KEYS[2], ARGV[6], ARGV[7]), ARGV[6], tonumber(ARGV[7])}
+  dequeue(KEYS[3], KEYS[4], next_owner)
+  return {2, grant(KEYS[1], KEYS[2], next_owner, next_lease), next_owner, tonumber(next_lease)}
 end
 local now
 -- Ends with the queue: every entry popped is either granted or gone (a dead waiter's).
@@ -53,18 +56,22 @@ while true do
     now = now or now_ms()
     if tonumber(expiry) > now then
       local token = grant(KEYS[1], KEYS[2], next, lease)
-      if ARGV[6] ~= '' and ARGV[6] ~= next then
-        enqueue(KEYS[3], KEYS[4], ARGV[6], ARGV[7], tonumber(lease))
+      if next_owner and next_owner ~= next then
+        enqueue(KEYS[3], KEYS[4], next_owner, next_lease, tonumber(lease))
       end
-      if string.sub(next, 1, #ARGV[5]) ~= ARGV[5] then
-        redis.call('PUBLISH', ARGV[3], string.format('%.0f %s %s', token, next, ARGV[4]))
+      local prefix = string.match(ARGV[1], '^[^:]*:') or ARGV[1]
+      if string.sub(next, 1, #prefix) ~= prefix then
+        -- The namespace holds no '{' and the tag no '{' or '}': the first '{' opens the tag.
+        local namespace, tag = string.match(KEYS[1], '^(.*):lock:{([^{}]*)}$')
+        local message = string.format('%.0f %s %s', token, next, tag)
+        redis.call('PUBLISH', namespace .. ':released', message)
       end
       return {2, token, next, tonumber(lease)}
     end
   end
 end
-if ARGV[6] ~= '' then
-  return {2, grant(KEYS[1], KEYS[2], ARGV[6], ARGV[7]), ARGV[6], tonumber(ARGV[7])}
+if next_owner then
+  return {2, grant(KEYS[1], KEYS[2], next_owner, next_lease), next_owner, tonumber(next_lease)}
 end
 redis.call('DEL', KEYS[1])
 return {1}
