@@ -1057,6 +1057,39 @@ fn oom_is_a_typed_error_and_spares_held_locks() {
         .unwrap();
 }
 
+/// A fence key that is not a counter (written by someone else, or past `i64::MAX`) fails every
+/// acquire with the Redis error, and no lock is left behind without a token.
+///
+/// Protection: the acquire script mints the token (INCR) before it sets the lock key; scripts do
+/// not roll back, so the other order would leave the key locked for a lease with nobody holding
+/// it (a variant that set the lock first fails here with "a lock was left behind").
+#[test]
+fn a_fence_that_cannot_count_fails_the_acquire_and_leaves_no_lock() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 2_000);
+    let mut con = server.connection();
+    let _: () = redis::cmd("SET")
+        .arg(fence_key("bad-fence"))
+        .arg("not a number")
+        .query(&mut con)
+        .unwrap();
+    let overflow = "over-fence";
+    let _: () = redis::cmd("SET")
+        .arg(fence_key(overflow))
+        .arg(i64::MAX)
+        .query(&mut con)
+        .unwrap();
+    for key in ["bad-fence", overflow] {
+        match client.try_lock(key, Duration::ZERO) {
+            Err(e) => assert!(e.redis_code().is_some(), "{key}: not a Redis error: {e:?}"),
+            Ok(granted) => panic!("{key}: {granted:?} instead of an error"),
+        }
+        assert!(!lock_exists(&mut con, key), "{key}: a lock was left behind");
+    }
+    // The other keys are untouched.
+    client.lock("good").unwrap().unlock().unwrap();
+}
+
 /// A script on another connection runs past `busy-reply-threshold`: acquires get code BUSY at
 /// once, not a wait; after `SCRIPT KILL` locking works again.
 ///
