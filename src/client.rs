@@ -439,7 +439,13 @@ impl LockClient {
         queue: Queue,
     ) -> Result<Acquire> {
         let acks = self.inner.config.replica_acks;
-        self.inner.pool.run(|con, _retry| {
+        self.inner.pool.run(|con, retry| {
+            // A first run may have queued us before its reply was lost: a grant on this run must
+            // take the entry out.
+            let queue = match queue {
+                Queue::Join if retry => Queue::Rejoin,
+                queue => queue,
+            };
             match scripts::acquire(con, keys, owner, lease, queue, acks) {
                 Err(e) if e.is_timeout() => {
                     // The script may still run and grant us the lock we are about to report as

@@ -187,6 +187,21 @@ impl Grant {
         true
     }
 
+    /// An extend to `lease` sent at `sent` may or may not have run (its reply was lost). Brings
+    /// the local deadline forward if that extend, had it run, ended the lease sooner; returns
+    /// whether it did.
+    pub(crate) fn limit(&self, sent: Instant, lease: Duration) -> bool {
+        let mut confirmed = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if deadline_of(sent, lease) >= local_deadline(*confirmed) {
+            return false;
+        }
+        *confirmed = Confirmed { sent, lease };
+        true
+    }
+
     /// The local end of the lease, on the monotonic clock.
     pub(crate) fn deadline(&self) -> Instant {
         local_deadline(self.confirmed())

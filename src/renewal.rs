@@ -329,7 +329,8 @@ impl Renewer {
         let grant = self.held.remove(&id)?;
         let (cohort_id, index) = grant.place.take();
         let empty = match self.cohorts.get_mut(&cohort_id) {
-            Some(cohort) if index < cohort.members.len() => {
+            // The id check makes a stale place a no-op rather than the loss of another grant.
+            Some(cohort) if cohort.members.get(index).is_some_and(|g| g.id == id) => {
                 cohort.members.swap_remove(index);
                 if let Some(moved) = cohort.members.get(index) {
                     moved.place.set(cohort_id, index);
@@ -505,7 +506,8 @@ impl Renewer {
         if !self.held.contains_key(&grant.id) {
             return Ok(false);
         }
-        let mut sent = Instant::now();
+        let first_sent = Instant::now();
+        let mut sent = first_sent;
         let mut reply = self.extend_once(grant, lease);
         for _ in 0..MAX_INTERRUPTS {
             match &reply {
@@ -520,6 +522,15 @@ impl Renewer {
             Err(e) if e.is_io_error() => {
                 if !crate::wire::interrupted(e) {
                     self.con = None;
+                }
+                // Any of the extends sent may have run: a shorter lease may now end Redis' TTL
+                // before the local deadline. The deadline moves to the earlier of the two, and
+                // the grant to a cohort of its own, whose deadline that is.
+                if grant.limit(first_sent, lease) {
+                    if let Some(grant) = self.forget(grant.id) {
+                        self.held.insert(grant.id, Arc::clone(&grant));
+                        self.file(vec![grant], None);
+                    }
                 }
                 return reply;
             }
@@ -568,13 +579,13 @@ impl Renewer {
             ends.push(buf.len());
         }
         let result = self.connection(batch).and_then(|con| {
-            let replies = crate::wire::exchange(con, &buf, &ends)?;
+            let replies = crate::wire::exchange(con, &buf, &ends, true)?;
             if replies
                 .iter()
                 .any(|r| matches!(r, Some(Err(e)) if scripts::no_script(e)))
             {
                 scripts::EXTEND.load(con)?;
-                return crate::wire::exchange(con, &buf, &ends);
+                return crate::wire::exchange(con, &buf, &ends, true);
             }
             Ok(replies)
         });

@@ -78,14 +78,15 @@ pub(crate) fn call(con: &mut redis::Connection, packed: &[u8]) -> RedisResult<Va
 }
 
 /// Sends `packed`, the commands ending at each offset of `ends`, and reads their replies in
-/// order: a server error is `Ok(Err(..))` (the rest still count). A command whose reply a signal
-/// interrupted is sent again, behind the others (so every command must be safe to repeat);
-/// past a budget of such repeats its reply is `None`. A timeout or a broken connection fails
-/// the whole exchange.
+/// order: a server error is `Ok(Err(..))` (the rest still count). With `repeat`, a command
+/// whose reply a signal interrupted is sent again, behind the others (so every command must be
+/// safe to repeat alone and in another order); past a budget of such repeats, or without
+/// `repeat`, its reply is `None`. A timeout or a broken connection fails the whole exchange.
 pub(crate) fn exchange(
     con: &mut redis::Connection,
     packed: &[u8],
     ends: &[usize],
+    repeat: bool,
 ) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
     con.send_packed_command(packed)?;
     let mut replies: Vec<Option<RedisResult<Value>>> = ends.iter().map(|_| None).collect();
@@ -99,7 +100,7 @@ pub(crate) fn exchange(
             Ok(value) => replies[i] = Some(value.extract_error()),
             Err(e) if interrupted(&e) => {
                 // redis-rs drops this reply when it comes: ask again.
-                if repeats < MAX_REPEATS + ends.len() {
+                if repeat && repeats < MAX_REPEATS + ends.len() {
                     let start = if i == 0 { 0 } else { ends[i - 1] };
                     con.send_packed_command(&packed[start..ends[i]])?;
                     awaited.push_back(i);
@@ -116,15 +117,17 @@ pub(crate) fn exchange(
 /// signal storm.
 const MAX_REPEATS: usize = 16;
 
-/// An I/O error that left the connection usable: a read interrupted by a signal, say. redis-rs
-/// keeps such a connection and skips the late reply. (redis-rs does not expose the I/O error
-/// kind; every I/O error it classes as neither a timeout nor a dropped connection is one it
-/// advises retrying at once.)
+/// A read interrupted by a signal (`EINTR`): redis-rs keeps the connection and skips the late
+/// reply. redis-rs does not expose the I/O error kind, so this takes the I/O errors it classes
+/// as neither a timeout nor a dropped connection and, of those, the ones whose message says
+/// interrupted (the OS's "Interrupted system call", or std's "operation interrupted"); an ICMP
+/// error such as "No route to host" is not one.
 pub(crate) fn interrupted(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Io
         && !e.is_timeout()
         && !e.is_connection_dropped()
         && matches!(e.retry_method(), RetryMethod::RetryImmediately)
+        && e.to_string().contains("nterrupted")
 }
 
 /// The error an interrupted reply of a pipeline turns into when the caller needs every reply.
@@ -163,6 +166,10 @@ mod tests {
         assert!(!interrupted(&io(std::io::ErrorKind::WouldBlock)));
         assert!(!interrupted(&io(std::io::ErrorKind::ConnectionReset)));
         assert!(!interrupted(&io(std::io::ErrorKind::UnexpectedEof)));
+        assert!(!interrupted(&io(std::io::ErrorKind::HostUnreachable)));
+        assert!(!interrupted(&io(std::io::ErrorKind::Other)));
+        let eintr = RedisError::from(std::io::Error::from_raw_os_error(4));
+        assert!(interrupted(&eintr), "{eintr}");
         let server = RedisError::from((redis::ErrorKind::Client, "no"));
         assert!(!interrupted(&server));
     }

@@ -288,3 +288,63 @@ fn a_waiter_that_dies_holds_the_key_for_at_most_its_lease() {
     );
     got.unlock().unwrap();
 }
+
+/// A waiter's first attempt joins the queue, its reply is lost with the connection, and the
+/// attempt runs again once the lock is free: the grant takes the waiter out of the queue.
+/// Otherwise its entry stays, and a later release hands the lock to a finished owner, which then
+/// holds the key for a whole lease.
+#[test]
+fn a_first_attempt_run_again_leaves_no_queue_entry() {
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port());
+    let holder = lock_client(&server, 60_000);
+    let _held = holder
+        .lock_with("rerun", &LockOptions::new().renew(false))
+        .unwrap();
+    // Requests reach Redis 1 s after they are sent, replies the caller 1 s after that.
+    proxy.set_mode(support::proxy::Mode::Delay(ms(1_000)));
+    let waiter = fencelock::LockClient::builder(proxy.url())
+        .namespace(support::NAMESPACE)
+        .lease(ms(5_000))
+        .connection_timeout(ms(20_000))
+        .response_timeout(ms(20_000))
+        .build()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        let guard = waiter.lock("rerun");
+        tx.send(guard.is_ok()).unwrap();
+        guard.map(|g| g.unlock())
+    });
+    let mut con = server.connection();
+    // The first attempt found the lock held and queued the waiter; its reply is on its way.
+    let start = Instant::now();
+    while queue_len(&mut con, "rerun") == 0 {
+        assert!(start.elapsed() < ms(30_000), "the waiter never queued");
+        thread::sleep(ms(2));
+    }
+    // The holder's lease ends (as if it ran out), and the reply is lost: the attempt runs again,
+    // on a new connection, and finds the lock free.
+    let _: () = redis::cmd("DEL")
+        .arg(support::lock_key("rerun"))
+        .query(&mut con)
+        .unwrap();
+    proxy.set_mode(support::proxy::Mode::Reset);
+    proxy.set_mode(support::proxy::Mode::Pass);
+    assert!(
+        rx.recv_timeout(ms(30_000)).unwrap(),
+        "the waiter got no lock"
+    );
+    assert!(lock_exists(&mut con, "rerun"));
+    assert_eq!(
+        queue_len(&mut con, "rerun"),
+        0,
+        "the granted waiter is still queued"
+    );
+    let entries: u64 = redis::cmd("HLEN")
+        .arg(format!("{}:waiters:{{rerun}}", support::NAMESPACE))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(entries, 0);
+    handle.join().unwrap().unwrap().unwrap();
+}

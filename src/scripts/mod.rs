@@ -143,18 +143,19 @@ fn run_pipeline(
     packed: &[u8],
     ends: &[usize],
 ) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
-    let replies = wire::exchange(con, packed, ends)?;
+    // Not repeated command by command: a WAIT must follow what it counts.
+    let replies = wire::exchange(con, packed, ends, false)?;
     if let Some(Some(Err(e))) = replies.first() {
         if no_script(e) {
             script.load(con)?;
-            return wire::exchange(con, packed, ends);
+            return wire::exchange(con, packed, ends, false);
         }
     }
     Ok(replies)
 }
 
-/// The two replies of a two-command pipeline; one lost to signals fails it (the caller may run
-/// it again).
+/// The two replies of a two-command pipeline; one lost to a signal fails it, and the pool runs
+/// the whole pipeline again.
 fn both(replies: Vec<Option<RedisResult<Value>>>) -> RedisResult<(Value, Value)> {
     let mut replies = replies.into_iter();
     match (replies.next(), replies.next()) {
