@@ -208,6 +208,17 @@ pub(crate) fn release(
     withdraw: bool,
     next: Next<'_>,
 ) -> RedisResult<Released> {
+    let packed = pack_release(keys, owner, withdraw, next);
+    released(run(con, &RELEASE, &packed)?, keys)
+}
+
+/// The release call of [`release`], encoded.
+pub(crate) fn pack_release(
+    keys: &LockKeys,
+    owner: &str,
+    withdraw: bool,
+    next: Next<'_>,
+) -> Vec<u8> {
     let withdraw = Arg::Str(if withdraw { "1" } else { "0" });
     let mut buf = Vec::with_capacity(320);
     match next {
@@ -228,7 +239,12 @@ pub(crate) fn release(
             evalsha(&mut buf, &RELEASE, &keys.all(), &args);
         }
     }
-    let reply: Vec<Value> = redis::from_redis_value(run(con, &RELEASE, &buf)?)?;
+    buf
+}
+
+/// The reply of a release call.
+pub(crate) fn released(reply: Value, keys: &LockKeys) -> RedisResult<Released> {
+    let reply: Vec<Value> = redis::from_redis_value(reply)?;
     let mut reply = reply.into_iter();
     let code: i64 = match reply.next() {
         Some(v) => redis::from_redis_value(v)?,
