@@ -249,38 +249,33 @@ impl Pool {
                 Err(_) => return Combined::NotRun,
             }
         }
-        let calls = std::mem::take(&mut self.combining().calls);
-        let mut buf = Vec::with_capacity(calls.iter().map(|c| c.packed.len()).sum());
-        let mut ends = Vec::with_capacity(calls.len());
-        for call in &calls {
+        let mut batch = Batch {
+            pool: self,
+            calls: std::mem::take(&mut self.combining().calls),
+            passed_on: false,
+        };
+        let mut buf = Vec::with_capacity(batch.calls.iter().map(|c| c.packed.len()).sum());
+        let mut ends = Vec::with_capacity(batch.calls.len());
+        for call in &batch.calls {
             buf.extend_from_slice(&call.packed);
             ends.push(buf.len());
         }
         let sent = self.get().map(|mut conn| {
-            let replies = wire::exchange(&mut conn.con, &buf, &ends, false);
-            conn.timed_out = replies.as_ref().is_err_and(|e| e.is_timeout());
-            if replies.as_ref().is_err_and(broke) {
+            let (replies, failed) = wire::exchange_partial(&mut conn.con, &buf, &ends, false);
+            // Replies of the batch may be left unread: the connection is not to be reused.
+            conn.timed_out = failed.is_some();
+            if failed.as_ref().is_some_and(broke) {
                 self.retire_all();
             }
             replies
         });
         // The next batch goes out while this one's answers are handed round.
-        {
-            let mut combining = self.combining();
-            match combining.calls.first() {
-                Some(next) => {
-                    let _ = next.answer.send(Answer::Lead);
-                }
-                None => combining.busy = false,
-            }
-        }
-        let count = calls.len();
+        batch.pass_on();
         let replies: Vec<Combined> = match sent {
-            Err(e) => (0..count)
+            Err(e) => (0..ends.len())
                 .map(|_| Combined::NoConnection(e.same()))
                 .collect(),
-            Ok(Err(e)) => (0..count).map(|_| Combined::Failed(e.clone())).collect(),
-            Ok(Ok(replies)) => replies
+            Ok(replies) => replies
                 .into_iter()
                 .map(|reply| match reply {
                     Some(Ok(value)) => Combined::Reply(value),
@@ -291,13 +286,7 @@ impl Pool {
                 })
                 .collect(),
         };
-        // Our own call is the first of the batch.
-        let mut replies = replies.into_iter();
-        let mine = replies.next().unwrap_or(Combined::NotRun);
-        for (call, reply) in calls.into_iter().skip(1).zip(replies) {
-            let _ = call.answer.send(Answer::Reply(reply));
-        }
-        mine
+        batch.answer(replies)
     }
 
     fn combining(&self) -> MutexGuard<'_, Combining> {
@@ -312,6 +301,50 @@ impl Pool {
         self.generations
             .stale_below
             .fetch_max(made, Ordering::Relaxed);
+    }
+}
+
+/// The calls of a batch being sent, its sender's own first. Dropped before it has answered them
+/// (a panic, say in a logger r2d2 calls), it still passes the sending on and answers each call,
+/// so that no thread waits forever.
+struct Batch<'a> {
+    pool: &'a Pool,
+    calls: Vec<Call>,
+    passed_on: bool,
+}
+
+impl Batch<'_> {
+    /// Hands the sending of the calls queued meanwhile to the first of them.
+    fn pass_on(&mut self) {
+        if std::mem::replace(&mut self.passed_on, true) {
+            return;
+        }
+        let mut combining = self.pool.combining();
+        match combining.calls.first() {
+            Some(next) => {
+                let _ = next.answer.send(Answer::Lead);
+            }
+            None => combining.busy = false,
+        }
+    }
+
+    /// Answers every call but the sender's, and returns the sender's reply.
+    fn answer(mut self, replies: Vec<Combined>) -> Combined {
+        let mut replies = replies.into_iter();
+        let mine = replies.next().unwrap_or(Combined::NotRun);
+        for (call, reply) in self.calls.drain(..).skip(1).zip(replies) {
+            let _ = call.answer.send(Answer::Reply(reply));
+        }
+        mine
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.pass_on();
+        for call in self.calls.drain(..).skip(1) {
+            let _ = call.answer.send(Answer::Reply(Combined::NotRun));
+        }
     }
 }
 

@@ -88,29 +88,70 @@ pub(crate) fn exchange(
     ends: &[usize],
     repeat: bool,
 ) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
-    con.send_packed_command(packed)?;
+    match exchange_partial(con, packed, ends, repeat) {
+        (_, Some(e)) => Err(e),
+        (replies, None) => Ok(replies),
+    }
+}
+
+/// Like [`exchange`], but a timeout or a broken connection keeps the replies read before it:
+/// the commands not answered get the error, which is also returned on its own.
+pub(crate) fn exchange_partial(
+    con: &mut redis::Connection,
+    packed: &[u8],
+    ends: &[usize],
+    repeat: bool,
+) -> (Vec<Option<RedisResult<Value>>>, Option<RedisError>) {
+    if let Err(e) = con.send_packed_command(packed) {
+        return (ends.iter().map(|_| Some(Err(e.clone()))).collect(), Some(e));
+    }
     let mut replies: Vec<Option<RedisResult<Value>>> = ends.iter().map(|_| None).collect();
     // The command each reply still to come answers, in order.
     let mut awaited: VecDeque<usize> = (0..ends.len()).collect();
     let mut repeats = 0;
     while let Some(i) = awaited.pop_front() {
-        match con.recv_response() {
+        let failed = match con.recv_response() {
             // Out-of-band (RESP3 pushes): not a reply to any of ours.
-            Ok(Value::Push { .. }) => awaited.push_front(i),
-            Ok(value) => replies[i] = Some(value.extract_error()),
+            Ok(Value::Push { .. }) => {
+                awaited.push_front(i);
+                None
+            }
+            Ok(value) => {
+                replies[i] = Some(value.extract_error());
+                None
+            }
             Err(e) if interrupted(&e) => {
                 // redis-rs drops this reply when it comes: ask again.
                 if repeat && repeats < MAX_REPEATS + ends.len() {
                     let start = if i == 0 { 0 } else { ends[i - 1] };
-                    con.send_packed_command(&packed[start..ends[i]])?;
-                    awaited.push_back(i);
-                    repeats += 1;
+                    match con.send_packed_command(&packed[start..ends[i]]) {
+                        Ok(()) => {
+                            awaited.push_back(i);
+                            repeats += 1;
+                            None
+                        }
+                        Err(e) => {
+                            awaited.push_front(i);
+                            Some(e)
+                        }
+                    }
+                } else {
+                    None
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                awaited.push_front(i);
+                Some(e)
+            }
+        };
+        if let Some(e) = failed {
+            for i in awaited {
+                replies[i] = Some(Err(e.clone()));
+            }
+            return (replies, Some(e));
         }
     }
-    Ok(replies)
+    (replies, None)
 }
 
 /// Repeats of interrupted commands one exchange allows beyond one per command: a bound for a
