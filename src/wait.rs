@@ -377,20 +377,30 @@ impl Listener<'_> {
             Some(w) => w.wake_all_heads(),
             None => return Ok(()),
         }
+        let mut heard = Instant::now();
         loop {
-            match pubsub.get_message() {
-                Ok(msg) => match waiters.upgrade() {
-                    Some(w) => self.deliver(&w, msg.get_payload_bytes()),
-                    None => return Ok(()),
-                },
-                Err(e) if e.is_timeout() => {
-                    if waiters.strong_count() == 0 {
-                        return Ok(());
+            let quiet = match pubsub.get_message() {
+                Ok(msg) => {
+                    heard = Instant::now();
+                    match waiters.upgrade() {
+                        Some(w) => self.deliver(&w, msg.get_payload_bytes()),
+                        None => return Ok(()),
                     }
-                    // A half-open connection would otherwise swallow every release silently.
-                    pubsub.ping::<()>()?;
+                    false
                 }
+                Err(e) if e.is_timeout() => true,
+                // A signal cut the read short; redis-rs keeps what it had read of the message.
+                // Signals coming faster than the heartbeat must not put off the heartbeat.
+                Err(e) if crate::wire::interrupted(&e) => heard.elapsed() >= HEARTBEAT,
                 Err(e) => return Err(e),
+            };
+            if quiet {
+                heard = Instant::now();
+                if waiters.strong_count() == 0 {
+                    return Ok(());
+                }
+                // A half-open connection would otherwise swallow every release silently.
+                pubsub.ping::<()>()?;
             }
         }
     }
