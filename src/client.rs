@@ -14,7 +14,7 @@ use crate::grant::Grant;
 use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
-use crate::pool::{Combined, Pool};
+use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
 use crate::scripts::{self, Acquire, Queue, Released};
 use crate::token::FencingToken;
@@ -629,23 +629,14 @@ impl LockClient {
             let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), n.first));
             let sent = Instant::now();
             let mut reply_lost = false;
-            let packed = scripts::pack_release(keys, &owner, withdraw, next_ref);
-            let released = match self.inner.pool.combined(packed) {
-                Combined::Reply(reply) => scripts::released(reply, keys).map_err(Error::from_redis),
-                // A broken connection or a signal: run it alone, as a retry (the batch may have
-                // run it). A timeout or an error reply is the answer, as for a call alone.
-                Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => {
-                    Err(Error::from_redis(e))
-                }
-                Combined::NoConnection(e) => Err(e),
-                failed => {
-                    let ran = matches!(failed, Combined::Failed(_));
-                    self.inner.pool.run(|con, retry| {
-                        reply_lost |= retry || ran;
-                        scripts::release(con, keys, &owner, withdraw, next_ref)
-                    })
-                }
-            };
+            let released = self.inner.pool.run_combined(
+                scripts::pack_release(keys, &owner, withdraw, next_ref),
+                |reply| scripts::released(reply, keys),
+                |con, retry| {
+                    reply_lost |= retry;
+                    scripts::release(con, keys, &owner, withdraw, next_ref)
+                },
+            );
             let released = match released {
                 Ok(released) => released,
                 Err(e) => {

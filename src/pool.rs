@@ -129,7 +129,7 @@ enum Answer {
 }
 
 /// How a combined call ended.
-pub(crate) enum Combined {
+enum Combined {
     Reply(Value),
     /// The call may have run (a timeout, a broken connection, a signal); the error says which.
     Failed(RedisError),
@@ -190,12 +190,21 @@ impl Pool {
     /// first run may have taken effect before the connection broke or the read was cut.
     pub(crate) fn run<T>(
         &self,
+        f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.run_again(f, false)
+    }
+
+    /// [`run`](Pool::run), whose first run is already a retry if `again`.
+    fn run_again<T>(
+        &self,
         mut f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
+        again: bool,
     ) -> Result<T> {
         let mut conn = self.get()?;
-        let mut result = f(&mut conn.con, false);
+        let mut result = f(&mut conn.con, again);
         let mut reconnected = false;
-        for _ in 0..MAX_INTERRUPTS {
+        for _ in 0..wire::MAX_INTERRUPTS {
             match &result {
                 Err(e) if broke(e) && !reconnected => {
                     self.retire_all();
@@ -226,15 +235,32 @@ impl Pool {
         finish(&mut conn, result)
     }
 
+    /// Like [`run`](Pool::run) for a call that `f` makes and `packed` holds encoded: `packed`
+    /// goes out first, together with the calls other threads make meanwhile, and its reply is
+    /// read by `reply`. A batch whose connection broke or whose read a signal cut runs `f`
+    /// alone, as a retry (the batch may have run the call); a timeout or an error reply is the
+    /// answer, as for a call alone.
+    pub(crate) fn run_combined<T>(
+        &self,
+        packed: Vec<u8>,
+        reply: impl FnOnce(Value) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        match self.combined(packed) {
+            Combined::Reply(value) => reply(value).map_err(Error::from_redis),
+            Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
+            Combined::Failed(_) => self.run_again(f, true),
+            Combined::NoConnection(e) => Err(e),
+            Combined::NotRun => self.run_again(f, false),
+        }
+    }
+
     /// Sends one command together with those other threads send meanwhile, as one pipeline on
     /// one connection: group commit. Redis reads and answers a batch in one system call each
     /// way, which under load costs it a fraction of separate calls. Alone, a call goes out at
     /// once. A thread sends at most one batch, its own call first, and passes the sending of
-    /// the calls queued meanwhile on to the first of them.
-    ///
-    /// Nothing is retried here: on `Failed`, the caller runs the call again through [`run`]
-    /// (`Pool::run`) as a retry, or gives up on a timeout.
-    pub(crate) fn combined(&self, packed: Vec<u8>) -> Combined {
+    /// the calls queued meanwhile on to the first of them. Nothing is retried here.
+    fn combined(&self, packed: Vec<u8>) -> Combined {
         let (answer, answered) = crossbeam_channel::bounded(1);
         let lead = {
             let mut combining = self.combining();
@@ -360,9 +386,6 @@ impl Error {
         }
     }
 }
-
-/// Runs of one call that signals may cut short before it gives up: a bound for a signal storm.
-const MAX_INTERRUPTS: usize = 16;
 
 /// The connection broke under the command (a restart, say), as opposed to a reply that is late.
 fn broke(e: &redis::RedisError) -> bool {

@@ -31,8 +31,6 @@ use crate::scripts;
 const BATCH: usize = 1000;
 /// Shortest read or connect timeout the thread uses.
 const MIN_TIMEOUT: Duration = Duration::from_millis(5);
-/// Runs of one explicit extend that signals may cut short before it gives up.
-const MAX_INTERRUPTS: usize = 16;
 /// Commands that may wait in the inbox before the thread is rung to take them in anyway.
 const INBOX_LIMIT: usize = 1024;
 
@@ -269,40 +267,25 @@ impl Renewer {
         }
         for (members, next) in [(renewed, due), (expiring, None)] {
             let (mut deadline, mut window) = (None::<Instant>, Duration::MAX);
-            for grant in &members {
+            let id = self.next_cohort;
+            for (index, grant) in members.iter().enumerate() {
                 let (lease, ends) = grant.lease_and_deadline();
                 deadline = Some(deadline.map_or(ends, |d| d.min(ends)));
                 window = window.min(lease / 6);
+                grant.place.set(id, index);
             }
+            // No deadline: no members.
             if let Some(deadline) = deadline {
-                self.file_cohort(members, next, deadline, window);
+                self.next_cohort += 1;
+                let cohort = Cohort {
+                    next,
+                    deadline,
+                    window,
+                    members,
+                };
+                self.register(id, cohort);
             }
         }
-    }
-
-    /// Files grants as one cohort; `deadline` must be no later than any member's.
-    fn file_cohort(
-        &mut self,
-        members: Vec<Arc<Grant>>,
-        next: Option<Instant>,
-        deadline: Instant,
-        window: Duration,
-    ) {
-        if members.is_empty() {
-            return;
-        }
-        let id = self.next_cohort;
-        self.next_cohort += 1;
-        for (index, grant) in members.iter().enumerate() {
-            grant.place.set(id, index);
-        }
-        let cohort = Cohort {
-            next,
-            deadline,
-            window,
-            members,
-        };
-        self.register(id, cohort);
     }
 
     /// Puts a cohort whose members know their place in the schedule.
@@ -357,14 +340,7 @@ impl Renewer {
                 continue;
             };
             // Members renewed on their own (an explicit extend) may have later deadlines.
-            let (lost, alive): (Vec<_>, Vec<_>) = cohort
-                .members
-                .into_iter()
-                .partition(|grant| grant.deadline() <= now);
-            for grant in lost {
-                self.held.remove(&grant.id);
-                grant.mark_lost(expiry_reason(&grant, now));
-            }
+            let alive = self.expire(cohort.members, now);
             if !alive.is_empty() {
                 self.file(alive, cohort.next);
             }
@@ -411,12 +387,7 @@ impl Renewer {
         // An earlier batch may have taken long enough for deadlines in this one to pass.
         let now = Instant::now();
         if earliest <= now {
-            let lost;
-            (lost, batch) = batch.into_iter().partition(|g| g.deadline() <= now);
-            for grant in lost {
-                self.held.remove(&grant.id);
-                grant.mark_lost(expiry_reason(&grant, now));
-            }
+            batch = self.expire(batch, now);
         }
         if batch.is_empty() {
             return;
@@ -470,18 +441,14 @@ impl Renewer {
                     }
                     Ok(true) => {
                         // Confirmed too late: `confirm` marked it lost.
-                        self.held.remove(&grant.id);
+                        self.forget(grant.id);
                     }
-                    Ok(false) => {
-                        if self.held.remove(&grant.id).is_some() {
-                            grant.mark_lost("redis reports the key gone or owned by another");
-                        }
-                    }
-                    Err(e) => self.refused(&grant, &e),
+                    Ok(false) => self.lose(&grant, GONE),
+                    Err(e) => self.lose(&grant, &refused(&e)),
                 },
                 // This key alone is broken (a wrong type at the lock key, say): it cannot be
                 // renewed, while the rest of a batch can.
-                Some(Err(e)) => self.refused(&grant, &e),
+                Some(Err(e)) => self.lose(&grant, &refused(&e)),
                 None => again.push(grant),
             }
         }
@@ -494,9 +461,29 @@ impl Renewer {
         }
     }
 
-    fn refused(&mut self, grant: &Arc<Grant>, e: &redis::RedisError) {
-        if self.held.remove(&grant.id).is_some() {
-            grant.mark_lost(&format!("redis refused to renew it: {e}"));
+    /// Marks lost, and stops tracking, the grants of `grants` whose deadline passed by `now`;
+    /// returns the others.
+    fn expire(&mut self, grants: Vec<Arc<Grant>>, now: Instant) -> Vec<Arc<Grant>> {
+        let (lost, alive): (Vec<_>, Vec<_>) = grants.into_iter().partition(|g| g.deadline() <= now);
+        for grant in lost {
+            self.lose(&grant, expiry_reason(&grant, now));
+        }
+        alive
+    }
+
+    /// Stops tracking a grant and marks it lost, if it was still tracked.
+    fn lose(&mut self, grant: &Grant, why: &str) {
+        if self.forget(grant.id).is_some() {
+            grant.mark_lost(why);
+        }
+    }
+
+    /// Files a tracked grant in a cohort of its own: its lease or deadline may differ from its
+    /// cohort's now.
+    fn refile_alone(&mut self, id: u64) {
+        if let Some(grant) = self.forget(id) {
+            self.held.insert(id, Arc::clone(&grant));
+            self.file(vec![grant], None);
         }
     }
 
@@ -509,7 +496,7 @@ impl Renewer {
         let first_sent = Instant::now();
         let mut sent = first_sent;
         let mut reply = self.extend_once(grant, lease);
-        for _ in 0..MAX_INTERRUPTS {
+        for _ in 0..crate::wire::MAX_INTERRUPTS {
             match &reply {
                 Err(e) if crate::wire::interrupted(e) => {
                     sent = Instant::now();
@@ -527,34 +514,17 @@ impl Renewer {
                 // before the local deadline. The deadline moves to the earlier of the two, and
                 // the grant to a cohort of its own, whose deadline that is.
                 if grant.limit(first_sent, lease) {
-                    if let Some(grant) = self.forget(grant.id) {
-                        self.held.insert(grant.id, Arc::clone(&grant));
-                        self.file(vec![grant], None);
-                    }
+                    self.refile_alone(grant.id);
                 }
                 return reply;
             }
-            Ok(true) if grant.confirm(sent, lease, Instant::now()) => {
-                // Its own schedule now: the lease may differ from its cohort's.
-                if let Some(grant) = self.forget(grant.id) {
-                    self.held.insert(grant.id, Arc::clone(&grant));
-                    self.file(vec![grant], None);
-                }
-            }
+            Ok(true) if grant.confirm(sent, lease, Instant::now()) => self.refile_alone(grant.id),
             Ok(true) => {
                 // Confirmed too late: `confirm` marked it lost.
                 self.forget(grant.id);
             }
-            Ok(false) => {
-                if self.forget(grant.id).is_some() {
-                    grant.mark_lost("redis reports the key gone or owned by another");
-                }
-            }
-            Err(e) => {
-                if self.forget(grant.id).is_some() {
-                    grant.mark_lost(&format!("redis refused to renew it: {e}"));
-                }
-            }
+            Ok(false) => self.lose(grant, GONE),
+            Err(e) => self.lose(grant, &refused(e)),
         }
         reply.map(|extended| extended && grant.is_held())
     }
@@ -639,6 +609,12 @@ impl Drop for Renewer {
             grant.mark_lost("the renewal thread stopped");
         }
     }
+}
+
+const GONE: &str = "redis reports the key gone or owned by another";
+
+fn refused(e: &redis::RedisError) -> String {
+    format!("redis refused to renew it: {e}")
 }
 
 /// Why a grant whose local deadline passed at `now` is lost.

@@ -122,7 +122,7 @@ pub(crate) fn exchange_partial(
             }
             Err(e) if interrupted(&e) => {
                 // redis-rs drops this reply when it comes: ask again.
-                if repeat && repeats < MAX_REPEATS + ends.len() {
+                if repeat && repeats < MAX_INTERRUPTS + ends.len() {
                     let start = if i == 0 { 0 } else { ends[i - 1] };
                     match con.send_packed_command(&packed[start..ends[i]]) {
                         Ok(()) => {
@@ -154,9 +154,9 @@ pub(crate) fn exchange_partial(
     (replies, None)
 }
 
-/// Repeats of interrupted commands one exchange allows beyond one per command: a bound for a
-/// signal storm.
-const MAX_REPEATS: usize = 16;
+/// Calls a signal may cut short, one after another, before the caller gives up: a bound for a
+/// signal storm. (A pipeline may repeat this many commands beyond one per command.)
+pub(crate) const MAX_INTERRUPTS: usize = 16;
 
 /// A read interrupted by a signal (`EINTR`): redis-rs keeps the connection and skips the late
 /// reply. redis-rs does not expose the I/O error kind, so this takes the I/O errors it classes

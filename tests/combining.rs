@@ -7,15 +7,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::proxy::{Mode, Proxy};
-use support::{lock_client, lock_exists, RedisServer};
-
-fn info_stat(con: &mut redis::Connection, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("stats").query(con).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in INFO stats"))
-}
+use support::{info_stat, lock_client, lock_client_at, lock_exists, RedisServer};
 
 /// Runs `rounds` rounds in which `threads` threads each take a key of their own and then all
 /// unlock at once; every unlock must succeed. Returns how many unlocks there were.
@@ -75,11 +67,7 @@ fn concurrent_unlocks_share_round_trips() {
 fn combined_unlocks_survive_a_connection_reset() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let client = fencelock::LockClient::builder(proxy.url())
-        .namespace(support::NAMESPACE)
-        .lease(support::ms(10_000))
-        .build()
-        .unwrap();
+    let client = lock_client_at(&proxy.url(), 10_000);
     const THREADS: usize = 8;
     const ROUNDS: usize = 20;
     let barrier = Arc::new(Barrier::new(THREADS + 1));

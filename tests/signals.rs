@@ -34,21 +34,6 @@ fn install_handler() {
     });
 }
 
-/// Sends SIGUSR1 to `thread` every 3 ms (a signal in about every other round trip of 2 ms) until
-/// `stop`, for at most `limit`. Returns how many were sent.
-fn pester(thread: libc::pthread_t, stop: &AtomicBool, limit: Duration) -> u64 {
-    let end = Instant::now() + limit;
-    let mut sent = 0;
-    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
-        if unsafe { libc::pthread_kill(thread, libc::SIGUSR1) } != 0 {
-            break;
-        }
-        sent += 1;
-        thread::sleep(ms(3));
-    }
-    sent
-}
-
 /// The thread id of this process's thread named `name` (as the kernel truncates it).
 fn thread_tid(name: &str) -> libc::pid_t {
     let tasks = std::fs::read_dir("/proc/self/task").unwrap();
@@ -62,16 +47,17 @@ fn thread_tid(name: &str) -> libc::pid_t {
     panic!("no thread named {name:?}");
 }
 
-/// Sends SIGUSR1 to thread `tid` of this process every 200 µs for `span`; returns how many.
-fn pester_tid(tid: libc::pid_t, span: Duration) -> u64 {
-    let end = Instant::now() + span;
-    let mut sent = 0u64;
-    while Instant::now() < end {
+/// Sends SIGUSR1 to thread `tid` of this process every `every` until `stop`, for at most
+/// `limit`. Returns how many were sent.
+fn pester(tid: libc::pid_t, every: Duration, stop: &AtomicBool, limit: Duration) -> u64 {
+    let end = Instant::now() + limit;
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
         if unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGUSR1) } != 0 {
             break;
         }
         sent += 1;
-        thread::sleep(Duration::from_micros(200));
+        thread::sleep(every);
     }
     sent
 }
@@ -83,17 +69,13 @@ fn lock_and_unlock_ride_out_signals() {
     // A slower round trip (1 ms each way) puts most signals inside a read of a reply.
     let proxy = Proxy::start(server.port());
     proxy.set_mode(Mode::Delay(ms(1)));
-    let client = fencelock::LockClient::builder(proxy.url())
-        .namespace("test")
-        .lease(ms(3_000))
-        .build()
-        .unwrap();
+    let client = support::lock_client_at(&proxy.url(), 3_000);
     let (tx, rx) = crossbeam_channel::bounded(1);
     let stop = Arc::new(AtomicBool::new(false));
     let worker = {
         let stop = Arc::clone(&stop);
         thread::spawn(move || {
-            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            tx.send(unsafe { libc::gettid() }).unwrap();
             let mut done = 0;
             let end = Instant::now() + Duration::from_secs(2);
             while Instant::now() < end && done < 500 {
@@ -108,7 +90,8 @@ fn lock_and_unlock_ride_out_signals() {
         })
     };
     let target = rx.recv().unwrap();
-    let sent = pester(target, &stop, Duration::from_secs(5));
+    // A signal in about every other round trip of 2 ms.
+    let sent = pester(target, ms(3), &stop, Duration::from_secs(5));
     stop.store(true, Ordering::Relaxed);
     let done = worker.join().expect("no lock or unlock failed");
     assert!(done >= 50, "only {done} lock/unlock cycles in 2 s");
@@ -129,17 +112,15 @@ fn renewals_ride_out_signals() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     proxy.set_mode(Mode::Delay(ms(2)));
-    let client = fencelock::LockClient::builder(proxy.url())
-        .namespace("test")
-        .lease(ms(600))
-        .build()
-        .unwrap();
+    let client = support::lock_client_at(&proxy.url(), 600);
     let guards: Vec<_> = (0..300)
         .map(|i| client.lock(&format!("renewed:{i}")).unwrap())
         .collect();
     // Five leases' worth of renewals, each pipeline read pestered: a signal every 200 µs, against
     // replies that take 4 ms to come.
-    let sent = pester_tid(thread_tid("fencelock-renew"), ms(3_000));
+    let never = AtomicBool::new(false);
+    let renewal = thread_tid("fencelock-renew");
+    let sent = pester(renewal, Duration::from_micros(200), &never, ms(3_000));
     assert!(sent >= 1_000, "too few signals to mean anything: {sent}");
     let lost = guards.iter().filter(|g| !g.is_held()).count();
     assert_eq!(lost, 0, "{lost} of 300 leases lost under signals");
@@ -156,17 +137,12 @@ fn the_wake_thread_rides_out_signals_without_reconnecting() {
     // The wake thread is subscribed once the client has been built.
     let _warm = client.lock("warm").unwrap();
     let mut con = server.connection();
-    let connections = |con: &mut redis::Connection| -> u64 {
-        let info: String = redis::cmd("INFO").arg("stats").query(con).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap()
-    };
-    let before = connections(&mut con);
-    let sent = pester_tid(thread_tid("fencelock-wake"), ms(1_000));
+    let before = support::info_stat(&mut con, "total_connections_received");
+    let never = AtomicBool::new(false);
+    let wake = thread_tid("fencelock-wake");
+    let sent = pester(wake, Duration::from_micros(200), &never, ms(1_000));
     assert!(sent >= 500, "too few signals to mean anything: {sent}");
-    let after = connections(&mut con);
+    let after = support::info_stat(&mut con, "total_connections_received");
     // At most once: the heartbeat's PING (every second), which a signal can cut. Before the fix
     // every interrupted read reconnected: 65 times in this second.
     assert!(

@@ -532,11 +532,28 @@ pub fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
 
 /// `lease_ms` milliseconds. Panics if the builder rejects it.
 pub fn lock_client(server: &RedisServer, lease_ms: u64) -> fencelock::LockClient {
-    fencelock::LockClient::builder(server.url())
+    lock_client_at(&server.url(), lease_ms)
+}
+
+/// [`lock_client`] for a server at `url` (a proxy in front of one, say).
+pub fn lock_client_at(url: &str, lease_ms: u64) -> fencelock::LockClient {
+    fencelock::LockClient::builder(url)
         .namespace(NAMESPACE)
         .lease(Duration::from_millis(lease_ms))
         .build()
-        .unwrap_or_else(|e| panic!("LockClient for {} (lease {lease_ms} ms): {e}", server.url()))
+        .unwrap_or_else(|e| panic!("LockClient for {url} (lease {lease_ms} ms): {e}"))
+}
+
+/// A counter of `INFO stats` (`total_reads_processed`, say).
+pub fn info_stat(con: &mut redis::Connection, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(con)
+        .unwrap_or_else(|e| panic!("INFO stats: {e}"));
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in INFO stats"))
 }
 
 /// How many times `command` (lower case, e.g. "evalsha") ran since the server
