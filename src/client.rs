@@ -83,11 +83,12 @@ impl LockClient {
         let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
         let waiters = Arc::new(Waiters::default());
         // One random id per client, a counter per lock call: owner ids never repeat, cost no
-        // system call each, and tell a client which handoffs are addressed to it.
-        let owner_prefix = format!("{}:", Uuid::new_v4().simple());
+        // system call each, and name the channel on which handoffs to this client come.
+        let client_id = Uuid::new_v4().simple().to_string();
+        let owner_prefix = format!("{client_id}:");
         wait::spawn_dispatcher(
             client.clone(),
-            release_channel(&config.namespace),
+            release_channel(&config.namespace, &client_id),
             owner_prefix.clone(),
             config.connection_timeout,
             Arc::downgrade(&waiters),

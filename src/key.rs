@@ -100,9 +100,11 @@ impl LockKeys {
     }
 }
 
-/// `<namespace>:released`: where a release that hands a lock to another client's waiter says so.
-pub(crate) fn release_channel(namespace: &str) -> String {
-    format!("{namespace}:released")
+/// `<namespace>:released:<client id>`: where a release that hands a lock to a waiter of the
+/// client `client_id` (the part of its owner ids before the ':') says so. One channel per client,
+/// so that a handoff wakes only the process it is for.
+pub(crate) fn release_channel(namespace: &str, client_id: &str) -> String {
+    format!("{namespace}:released:{client_id}")
 }
 
 fn escape(key: &str) -> String {

@@ -7,8 +7,8 @@
 //! A release by this client hands the lock to its own next waiter itself (when Redis' queue is
 //! empty; otherwise that waiter joins the back of it), so threads of one process pass a lock
 //! from one to the next with one script call per acquisition. A handoff to another client's
-//! waiter is published on the namespace's channel, `"<token> <owner> <tag>"`; this client's
-//! dispatcher thread, subscribed to it, delivers those addressed to its own owner ids.
+//! waiter is published on that client's own channel, `"<token> <owner> <tag>"`, so it wakes no
+//! other process; the client's dispatcher thread, subscribed to it, delivers it to the waiter.
 //!
 //! No handoff can be missed for good: while the pub/sub connection is down messages are lost, so
 //! every (re)subscription wakes every head to attempt again, and an attempt that finds the lock
@@ -336,7 +336,8 @@ pub(crate) fn spawn_dispatcher(
 struct Listener<'a> {
     client: &'a redis::Client,
     channel: &'a str,
-    /// This client's owner ids start with it: messages for other clients are ignored.
+    /// This client's owner ids start with it. Releases publish on our channel only handoffs to
+    /// our waiters, but a message for another owner (a `PUBLISH` by hand) is not ours to take.
     prefix: &'a str,
     connection_timeout: Duration,
     waiters: &'a Weak<Waiters>,

@@ -10,7 +10,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fencelock::LockOptions;
-use support::{command_calls, example_bin, lock_client, lock_exists, ms, Child, RedisServer};
+use support::{
+    command_calls, example_bin, lock_client, lock_exists, ms, release_channels, Child, RedisServer,
+};
 
 /// The Redis queue of `key` under the test namespace.
 fn queue_len(con: &mut redis::Connection, key: &str) -> u64 {
@@ -117,6 +119,75 @@ fn waiters_of_other_clients_are_granted_without_another_attempt() {
     assert!(
         publishes >= acquisitions / 18,
         "{publishes} handoffs between clients in {acquisitions} acquisitions"
+    );
+}
+
+/// A handoff to another client's waiter is published on that client's own channel, so it wakes
+/// no other client's dispatcher: each client has a channel, and only its dispatcher listens.
+#[test]
+fn a_handoff_is_published_only_to_the_waiters_client() {
+    let server = RedisServer::start();
+    let holder = lock_client(&server, 30_000);
+    let waiter = lock_client(&server, 30_000);
+    let _bystander = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let start = Instant::now();
+    while release_channels(&mut con).len() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "three clients subscribed to {:?}",
+            release_channels(&mut con)
+        );
+        thread::sleep(ms(5));
+    }
+    let channels = release_channels(&mut con);
+    assert_eq!(channels.len(), 3, "one channel per client: {channels:?}");
+    assert!(
+        channels.iter().all(|(_, subscribers)| *subscribers == 1),
+        "one subscriber per channel: {channels:?}"
+    );
+
+    let mut listener = server.connection();
+    let mut pubsub = listener.as_pubsub();
+    pubsub
+        .psubscribe(format!("{}:released:*", support::NAMESPACE))
+        .unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let guard = holder.lock("k").unwrap();
+    let t = thread::spawn(move || {
+        let guard = waiter.lock("k").unwrap();
+        let token = guard.token().as_u64();
+        guard.unlock().unwrap();
+        token
+    });
+    await_queue_len(&mut con, "k", 1);
+    guard.unlock().unwrap();
+    let token = t.join().unwrap();
+
+    let message = pubsub.get_message().expect("the handoff message");
+    let payload: String = message.get_payload().unwrap();
+    let parts: Vec<&str> = payload.split(' ').collect();
+    assert_eq!(parts.len(), 3, "\"<token> <owner> <tag>\": {payload:?}");
+    assert_eq!(parts[0], token.to_string(), "{payload:?}");
+    let client_id = parts[1].split(':').next().unwrap();
+    let channel = message.get_channel_name().to_owned();
+    assert_eq!(
+        channel,
+        format!("{}:released:{client_id}", support::NAMESPACE),
+        "published on the waiter's client's channel"
+    );
+    assert!(
+        channels.iter().any(|(c, _)| *c == channel),
+        "{channel:?} is a client's channel: {channels:?}"
+    );
+    // One handoff, one message: the waiter's own unlock (nobody waiting) publishes nothing.
+    pubsub.set_read_timeout(Some(ms(300))).unwrap();
+    let more = pubsub.get_message();
+    assert!(
+        more.as_ref().is_err_and(|e| e.is_timeout()),
+        "a second message: {more:?}"
     );
 }
 

@@ -6,21 +6,18 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{lock_client, ms, RedisServer};
+use support::{lock_client, ms, release_channels, RedisServer};
 
-fn subscribers(server: &RedisServer, channel: &str) -> i64 {
+/// Waits until `n` clients are subscribed to their release channels.
+fn await_subscribers(server: &RedisServer, n: usize) {
     let mut con = server.connection();
-    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(&mut con)
-        .unwrap();
-    counts.first().map_or(0, |(_, n)| *n)
-}
-
-fn await_subscribers(server: &RedisServer, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while subscribers(server, "test:released") < n {
+    while release_channels(&mut con)
+        .iter()
+        .filter(|(_, subscribers)| *subscribers == 1)
+        .count()
+        < n
+    {
         assert!(
             Instant::now() < deadline,
             "pub/sub connections were not re-established"

@@ -21,9 +21,11 @@
 --                                      grant has its fencing token and the owner's lease. Unless
 --                                      the owner is one of the caller's (its id starts like
 --                                      ARGV[1], up to the ':'), "<token> <owner> <tag>" is
---                                      published on "<namespace>:released", both read off the
---                                      lock key "<namespace>:lock:{<tag>}". When the queue's
---                                      waiter is served, ARGV[3] joins the back of the queue.
+--                                      published on "<namespace>:released:<client>", the
+--                                      owner's client (its id up to the ':'), namespace and tag
+--                                      read off the lock key "<namespace>:lock:{<tag>}". When the
+--                                      queue's waiter is served, ARGV[3] joins the back of the
+--                                      queue.
 --
 -- What a handoff needs is derived here rather than passed: an unlock with nobody waiting, the
 -- common case, sends two arguments.
@@ -64,7 +66,8 @@ while true do
         -- The namespace holds no '{' and the tag no '{' or '}': the first '{' opens the tag.
         local namespace, tag = string.match(KEYS[1], '^(.*):lock:{([^{}]*)}$')
         local message = string.format('%.0f %s %s', token, next, tag)
-        redis.call('PUBLISH', namespace .. ':released', message)
+        local client = string.match(next, '^[^:]*')
+        redis.call('PUBLISH', namespace .. ':released:' .. client, message)
       end
       return {2, token, next, tonumber(lease)}
     end

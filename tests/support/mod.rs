@@ -510,7 +510,7 @@ fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
 // ---------------------------------------------------------------------------
 
 /// Namespace of [`lock_client`]'s clients: their keys are `test:lock:{KEY}`
-/// and their release channel is `test:released`. A holder process (the `hold`
+/// and their release channels are `test:released:<client id>`. A holder process (the `hold`
 /// example) must get `FENCELOCK_NAMESPACE=test` to contend with them.
 pub const NAMESPACE: &str = "test";
 
@@ -542,6 +542,26 @@ pub fn lock_client_at(url: &str, lease_ms: u64) -> fencelock::LockClient {
         .lease(Duration::from_millis(lease_ms))
         .build()
         .unwrap_or_else(|e| panic!("LockClient for {url} (lease {lease_ms} ms): {e}"))
+}
+
+/// Each client's release channel under [`NAMESPACE`] (`test:released:<client id>`) with its
+/// number of subscribers, sorted by channel.
+pub fn release_channels(con: &mut redis::Connection) -> Vec<(String, i64)> {
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{NAMESPACE}:released:*"))
+        .query(con)
+        .unwrap_or_else(|e| panic!("PUBSUB CHANNELS: {e}"));
+    if channels.is_empty() {
+        return Vec::new();
+    }
+    let mut counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channels)
+        .query(con)
+        .unwrap_or_else(|e| panic!("PUBSUB NUMSUB: {e}"));
+    counts.sort();
+    counts
 }
 
 /// A counter of `INFO stats` (`total_reads_processed`, say).
