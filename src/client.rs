@@ -665,9 +665,14 @@ impl LockClient {
                         token: *token,
                         since: Some(sent),
                     };
-                    if let Err(Left::Empty) = self.inner.waiters.deliver_to(&next, wake) {
+                    match self.inner.waiters.deliver_to(&next, wake) {
+                        // The lock is the scarce resource: let its new holder run now rather
+                        // than queue behind the rest of our unlock on this core (on a busy
+                        // machine the scheduler tends to put a woken thread there).
+                        Ok(()) => thread::yield_now(),
                         // It left, maybe after leaving Redis' queue too: give the lock back.
-                        runs.push((to.clone(), false));
+                        Err(Left::Empty) => runs.push((to.clone(), false)),
+                        Err(Left::Granted) => {}
                     }
                 }
                 (
