@@ -347,9 +347,20 @@ impl Listener<'_> {
     fn dispatch(&self) {
         let channel = self.channel;
         let mut backoff = Duration::from_millis(10);
+        let mut warned = false;
         while self.waiters.strong_count() > 0 {
             match self.listen(&mut backoff) {
                 Ok(()) => return,
+                // A configuration error, not an outage: say so once, loudly. Waiters still get
+                // the lock, a lease late, when they look again.
+                Err(e) if e.code() == Some("NOPERM") && !std::mem::replace(&mut warned, true) => {
+                    log::warn!(
+                        "fencelock: may not subscribe to {channel:?}, so handoffs go unheard \
+                         (the ACL user needs the channel pattern '&<namespace>:released:*'): {e}"
+                    );
+                    thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
                 Err(e) => {
                     log::debug!("fencelock: release channel {channel:?} down, reconnecting: {e}");
                     thread::sleep(backoff);
@@ -371,8 +382,8 @@ impl Listener<'_> {
         // Bounded so that, with Redis unreachable, the thread still notices its client is gone.
         let connect_timeout = connection_timeout.min(Duration::from_secs(5));
         let mut con = crate::pool::connect(client, connect_timeout, HEARTBEAT)?;
+        subscribe(&mut con, channel)?;
         let mut pubsub = con.as_pubsub();
-        pubsub.subscribe(channel)?;
         *backoff = Duration::from_millis(10);
         match waiters.upgrade() {
             Some(w) => w.wake_all_heads(),
@@ -435,4 +446,13 @@ impl Listener<'_> {
             log::debug!("fencelock: a handoff reached a waiter that had left");
         }
     }
+}
+
+/// Subscribes `con` to `channel`. redis-rs' `PubSub::subscribe` takes an error reply (NOPERM,
+/// say) for the confirmation and returns `Ok`, and the connection then waits, silent, for
+/// messages that never come; here an error reply is the error.
+fn subscribe(con: &mut redis::Connection, channel: &str) -> redis::RedisResult<()> {
+    con.send_packed_command(&redis::cmd("SUBSCRIBE").arg(channel).get_packed_command())?;
+    // The confirmation (an array, or a push under RESP3) or an error: the first reply either way.
+    con.recv_response()?.extract_error().map(drop)
 }

@@ -1,0 +1,132 @@
+//! Redis ACLs: what `docs/design.md` says a client's user needs (keys `~<namespace>:*`, channels
+//! `&<namespace>:released:*`) is enough, and a user without the channel pattern is told so in the
+//! log. One test per binary, since the logger is process-wide.
+
+mod support;
+
+use std::sync::{mpsc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use log::{Level, Log, Metadata, Record};
+use support::{lock_client_at, ms, RedisServer};
+
+static RECORDS: Mutex<Vec<(Level, String)>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl Log for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &Record<'_>) {
+        RECORDS
+            .lock()
+            .unwrap()
+            .push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
+    let start = Instant::now();
+    loop {
+        let len: u64 = redis::cmd("LLEN")
+            .arg(format!("{}:queue:{{{key}}}", support::NAMESPACE))
+            .query(con)
+            .unwrap();
+        if len == n {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the queue of {key:?} never held {n} waiters"
+        );
+        thread::sleep(ms(5));
+    }
+}
+
+#[test]
+fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
+    log::set_logger(&Capture).unwrap();
+    log::set_max_level(log::LevelFilter::Trace);
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "locker",
+            "on",
+            ">secret",
+            "resetchannels",
+            "~test:*",
+        ])
+        .arg(&["&test:released:*", "+@all"])
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "deaf",
+            "on",
+            ">secret",
+            "resetchannels",
+            "~test:*",
+            "+@all",
+        ])
+        .query(&mut con)
+        .unwrap();
+    let url = |user: &str| format!("redis://{user}:secret@127.0.0.1:{}/", server.port());
+
+    // Locks and a handoff between two clients, heard at once.
+    let holder = lock_client_at(&url("locker"), 30_000);
+    let waiter = lock_client_at(&url("locker"), 30_000);
+    let guard = holder.lock("acl").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let t = thread::spawn(move || {
+        let guard = waiter.lock("acl").unwrap();
+        tx.send(guard.token()).unwrap();
+        guard.unlock().unwrap();
+    });
+    await_queue_len(&mut con, "acl", 1);
+    let token = guard.token();
+    guard.unlock().unwrap();
+    let handed = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the waiter was handed the lock");
+    assert!(handed > token, "token {handed} after {token}");
+    t.join().unwrap();
+    let warned = |records: &[(Level, String)]| {
+        records
+            .iter()
+            .filter(|(level, m)| *level == Level::Warn && m.contains("may not subscribe"))
+            .count()
+    };
+    assert_eq!(warned(&RECORDS.lock().unwrap()), 0, "no ACL warning");
+
+    // Without the channel pattern the wake thread cannot subscribe: one warning naming what is
+    // missing, and the handoff, granted in Redis, goes unheard until the waiter looks again (a
+    // lease later, so here not within the try_lock).
+    let holder = lock_client_at(&url("locker"), 30_000);
+    let deaf = lock_client_at(&url("deaf"), 30_000);
+    let guard = holder.lock("acl2").unwrap();
+    let t = thread::spawn(move || deaf.try_lock("acl2", ms(1_500)).unwrap().is_some());
+    await_queue_len(&mut con, "acl2", 1);
+    guard.unlock().unwrap();
+    assert!(
+        !t.join().unwrap(),
+        "a waiter that cannot subscribe heard the handoff"
+    );
+    let records = RECORDS.lock().unwrap();
+    assert_eq!(
+        warned(&records),
+        1,
+        "one warning, however many retries: {records:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .any(|(_, m)| m.contains("may not subscribe") && m.contains("&<namespace>:released:*")),
+        "the warning names the channel pattern"
+    );
+}
