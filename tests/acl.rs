@@ -4,29 +4,12 @@
 
 mod support;
 
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use log::{Level, Log, Metadata, Record};
+use log::Level;
 use support::{lock_client_at, ms, RedisServer};
-
-static RECORDS: Mutex<Vec<(Level, String)>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Log for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &Record<'_>) {
-        RECORDS
-            .lock()
-            .unwrap()
-            .push((record.level(), record.args().to_string()));
-    }
-    fn flush(&self) {}
-}
 
 fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
     let start = Instant::now();
@@ -48,8 +31,7 @@ fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
 
 #[test]
 fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
-    log::set_logger(&Capture).unwrap();
-    log::set_max_level(log::LevelFilter::Trace);
+    support::capture_logs();
     let server = RedisServer::start();
     let mut con = server.connection();
     let _: () = redis::cmd("ACL")
@@ -102,7 +84,7 @@ fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
             .filter(|(level, m)| *level == Level::Warn && m.contains("may not subscribe"))
             .count()
     };
-    assert_eq!(warned(&RECORDS.lock().unwrap()), 0, "no ACL warning");
+    assert_eq!(warned(&support::log_records()), 0, "no ACL warning");
 
     // Without the channel pattern the wake thread cannot subscribe: one warning naming what is
     // missing, and the handoff, granted in Redis, goes unheard until the waiter looks again (a
@@ -117,7 +99,7 @@ fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
         !t.join().unwrap(),
         "a waiter that cannot subscribe heard the handoff"
     );
-    let records = RECORDS.lock().unwrap();
+    let records = support::log_records();
     assert_eq!(
         warned(&records),
         1,

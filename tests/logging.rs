@@ -3,33 +3,14 @@
 
 mod support;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use log::{Level, Log, Metadata, Record};
+use log::Level;
 use support::{lock_client, ms, RedisServer};
-
-static RECORDS: Mutex<Vec<(Level, String)>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Log for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &Record<'_>) {
-        RECORDS
-            .lock()
-            .unwrap()
-            .push((record.level(), record.args().to_string()));
-    }
-    fn flush(&self) {}
-}
 
 #[test]
 fn owner_ids_stay_out_of_logs_and_debug_output() {
-    log::set_logger(&Capture).unwrap();
-    log::set_max_level(log::LevelFilter::Trace);
+    support::capture_logs();
     let server = RedisServer::start();
     let client = lock_client(&server, 300);
     let mut con = server.connection();
@@ -68,7 +49,7 @@ fn owner_ids_stay_out_of_logs_and_debug_output() {
     assert!(lost.unlock().unwrap_err().is_lock_lost());
     std::thread::sleep(Duration::from_millis(50));
 
-    let records = RECORDS.lock().unwrap().clone();
+    let records = support::log_records();
     let at = |level: Level, needle: &str| {
         records
             .iter()

@@ -794,3 +794,38 @@ impl Drop for Child {
         self.kill();
     }
 }
+
+// ---------------------------------------------------------------------------
+// Log capture (process-wide: one test per binary that uses it)
+// ---------------------------------------------------------------------------
+
+static LOG_RECORDS: std::sync::Mutex<Vec<(log::Level, String)>> = std::sync::Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        LOG_RECORDS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((record.level(), record.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+/// Installs a logger that keeps every record, at every level, for [`log_records`].
+pub fn capture_logs() {
+    log::set_logger(&Capture).unwrap_or_else(|e| panic!("a logger is already set: {e}"));
+    log::set_max_level(log::LevelFilter::Trace);
+}
+
+/// Every record logged since [`capture_logs`], oldest first.
+pub fn log_records() -> Vec<(log::Level, String)> {
+    LOG_RECORDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
