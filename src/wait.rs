@@ -349,24 +349,21 @@ impl Listener<'_> {
         let mut backoff = Duration::from_millis(10);
         let mut warned = false;
         while self.waiters.strong_count() > 0 {
-            match self.listen(&mut backoff) {
-                Ok(()) => return,
-                // A configuration error, not an outage: say so once, loudly. Waiters still get
-                // the lock, a lease late, when they look again.
-                Err(e) if e.code() == Some("NOPERM") && !std::mem::replace(&mut warned, true) => {
-                    log::warn!(
-                        "fencelock: may not subscribe to {channel:?}, so handoffs go unheard \
-                         (the ACL user needs the channel pattern '&<namespace>:released:*'): {e}"
-                    );
-                    thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                Err(e) => {
-                    log::debug!("fencelock: release channel {channel:?} down, reconnecting: {e}");
-                    thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+            let Err(e) = self.listen(&mut backoff) else {
+                return;
+            };
+            // A configuration error, not an outage: say so once, loudly. Waiters still get the
+            // lock, a lease late, when they look again.
+            if e.code() == Some("NOPERM") && !std::mem::replace(&mut warned, true) {
+                log::warn!(
+                    "fencelock: may not subscribe to {channel:?}, so handoffs go unheard \
+                     (the ACL user needs the channel pattern '&<namespace>:released:*'): {e}"
+                );
+            } else {
+                log::debug!("fencelock: release channel {channel:?} down, reconnecting: {e}");
             }
+            thread::sleep(backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 

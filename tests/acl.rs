@@ -1,33 +1,15 @@
 //! Redis ACLs: what `docs/design.md` says a client's user needs (keys `~<namespace>:*`, channels
-//! `&<namespace>:released:*`) is enough, and a user without the channel pattern is told so in the
-//! log. One test per binary, since the logger is process-wide.
+//! `&<namespace>:released:*`) is enough; a user without the channel pattern is told so in the
+//! log, and its releases still hand over. One test per binary, since the logger is process-wide.
 
 mod support;
 
 use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::Level;
-use support::{lock_client_at, ms, RedisServer};
-
-fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
-    let start = Instant::now();
-    loop {
-        let len: u64 = redis::cmd("LLEN")
-            .arg(format!("{}:queue:{{{key}}}", support::NAMESPACE))
-            .query(con)
-            .unwrap();
-        if len == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the queue of {key:?} never held {n} waiters"
-        );
-        thread::sleep(ms(5));
-    }
-}
+use support::{await_queue_len, lock_client_at, ms, RedisServer};
 
 #[test]
 fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
@@ -99,6 +81,7 @@ fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
         !t.join().unwrap(),
         "a waiter that cannot subscribe heard the handoff"
     );
+
     let records = support::log_records();
     assert_eq!(
         warned(&records),
@@ -111,4 +94,20 @@ fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
             .any(|(_, m)| m.contains("may not subscribe") && m.contains("&<namespace>:released:*")),
         "the warning names the channel pattern"
     );
+
+    // A holder that may not publish still hands over: its unlock succeeds and the lock is the
+    // waiter's in Redis (the waiter, unnotified, would find it at its next attempt).
+    let mute = lock_client_at(&url("deaf"), 30_000);
+    let waiter = lock_client_at(&url("locker"), 30_000);
+    let guard = mute.lock("acl3").unwrap();
+    let t = thread::spawn(move || waiter.try_lock("acl3", ms(1_500)).unwrap().is_some());
+    await_queue_len(&mut con, "acl3", 1);
+    guard
+        .unlock()
+        .expect("a refused PUBLISH does not fail a release that handed over");
+    assert!(
+        support::lock_exists(&mut con, "acl3"),
+        "the lock was handed to the waiter, not deleted"
+    );
+    assert!(!t.join().unwrap(), "the waiter was not notified");
 }

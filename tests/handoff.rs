@@ -11,28 +11,9 @@ use std::time::{Duration, Instant};
 
 use fencelock::LockOptions;
 use support::{
-    command_calls, example_bin, lock_client, lock_exists, ms, release_channels, Child, RedisServer,
+    await_queue_len, command_calls, example_bin, lock_client, lock_exists, ms, queue_len,
+    release_channels, Child, RedisServer,
 };
-
-/// The Redis queue of `key` under the test namespace.
-fn queue_len(con: &mut redis::Connection, key: &str) -> u64 {
-    redis::cmd("LLEN")
-        .arg(format!("{}:queue:{{{key}}}", support::NAMESPACE))
-        .query(con)
-        .unwrap()
-}
-
-/// Polls (bounded) until `key`'s Redis queue holds `n` waiters.
-fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
-    let start = Instant::now();
-    while queue_len(con, key) != n {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the queue of {key:?} never held {n} waiters"
-        );
-        thread::sleep(ms(5));
-    }
-}
 
 fn reset_stats(con: &mut redis::Connection) {
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(con).unwrap();
@@ -164,9 +145,9 @@ fn a_handoff_is_published_only_to_the_waiters_client() {
     });
     await_queue_len(&mut con, "k", 1);
     guard.unlock().unwrap();
-    let token = t.join().unwrap();
-
+    // Read before joining: a handoff published elsewhere would leave the waiter waiting a lease.
     let message = pubsub.get_message().expect("the handoff message");
+    let token = t.join().unwrap();
     let payload: String = message.get_payload().unwrap();
     let parts: Vec<&str> = payload.split(' ').collect();
     assert_eq!(parts.len(), 3, "\"<token> <owner> <tag>\": {payload:?}");

@@ -67,7 +67,9 @@ while true do
         local namespace, tag = string.match(KEYS[1], '^(.*):lock:{([^{}]*)}$')
         local message = string.format('%.0f %s %s', token, next, tag)
         local client = string.match(next, '^[^:]*')
-        redis.call('PUBLISH', namespace .. ':released:' .. client, message)
+        -- The lock is handed over already: a PUBLISH refused (an ACL without the channel)
+        -- must not fail the release; the waiter finds the lock at its next attempt.
+        redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
       end
       return {2, token, next, tonumber(lease)}
     end

@@ -544,6 +544,26 @@ pub fn lock_client_at(url: &str, lease_ms: u64) -> fencelock::LockClient {
         .unwrap_or_else(|e| panic!("LockClient for {url} (lease {lease_ms} ms): {e}"))
 }
 
+/// How many waiting clients `key`'s queue in Redis holds (under [`NAMESPACE`]).
+pub fn queue_len(con: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("LLEN")
+        .arg(format!("{NAMESPACE}:queue:{{{key}}}"))
+        .query(con)
+        .unwrap_or_else(|e| panic!("LLEN: {e}"))
+}
+
+/// Polls (bounded: 10 s) until `key`'s queue in Redis holds `n` waiting clients.
+pub fn await_queue_len(con: &mut redis::Connection, key: &str, n: u64) {
+    let start = Instant::now();
+    while queue_len(con, key) != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the queue of {key:?} never held {n} waiters"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Each client's release channel under [`NAMESPACE`] (`test:released:<client id>`) with its
 /// number of subscribers, sorted by channel.
 pub fn release_channels(con: &mut redis::Connection) -> Vec<(String, i64)> {
