@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::config::{Builder, Config};
 use crate::error::{Error, Result};
-use crate::grant::Grant;
+use crate::grant::{Grant, NewGrant};
 use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
@@ -18,7 +18,7 @@ use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
 use crate::scripts::{self, Acquire, Queue, Released};
 use crate::token::FencingToken;
-use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake};
+use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake, LOCAL_RUN};
 
 /// A handle to lock keys on one Redis server.
 ///
@@ -252,9 +252,17 @@ impl LockClient {
         let sent = Instant::now();
         Ok(
             match self.attempt(&keys, keys.owner(), lease, Queue::Never)? {
-                Acquire::Granted(token) => {
-                    Some(self.grant(keys, token, sent, lease, options, false))
-                }
+                Acquire::Granted(token) => Some(self.grant(NewGrant {
+                    keys,
+                    token,
+                    sent,
+                    granted: lease,
+                    lease,
+                    auto_renew: !options.no_renewal,
+                    max_hold: options.max_hold,
+                    queued: false,
+                    local_run: 0,
+                })),
                 Acquire::Held(_) => None,
             },
         )
@@ -300,16 +308,17 @@ impl LockClient {
         // Leaving without a grant; a handoff may have reached us all the same.
         let earliest = wait.since();
         let (late, named) = wait.ticket.leave();
-        if let (Some((token, since)), Ok(None)) = (late, &found) {
-            // Granted before we gave up: better taken than handed on.
-            let sent = since.unwrap_or(earliest);
-            return self.take(keys, token, sent, lease, options, Via::Handoff);
+        if let (Some(wake), Ok(None)) = (late, &found) {
+            if let Some((token, since, via)) = handed(wake, earliest) {
+                // Granted before we gave up: better taken than handed on.
+                return self.take(keys, token, since, lease, options, via);
+            }
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
         if wait.queued_since.is_some() || named {
             // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
             // is passed on. On failure, the entry expires by itself.
-            if let Err(e) = self.hand_over(&keys, owner, true) {
+            if let Err(e) = self.hand_over(&keys, owner, true, LOCAL_RUN) {
                 log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
             }
         }
@@ -359,11 +368,11 @@ impl LockClient {
             match wait.ticket.wait(until, options.cancel.as_ref()) {
                 Waited::Woken(wakes) => {
                     for wake in wakes {
+                        if let Some(handed) = handed(wake, wait.since()) {
+                            return Ok(Some(handed));
+                        }
                         match wake {
-                            Wake::Granted { token, since } => {
-                                let since = since.unwrap_or(wait.since());
-                                return Ok(Some((token, since, Via::Handoff)));
-                            }
+                            Wake::Granted { .. } => {}
                             Wake::Attempt => attempt = true,
                             Wake::Queued { retry_after, since } => {
                                 wait.queued_since.get_or_insert(since);
@@ -385,8 +394,10 @@ impl LockClient {
     }
 
     /// Turns a token into a guard. A lock handed over by a release started its lease at some
-    /// unknown moment after `sent`; if little of it is left by that count, one extend confirms
-    /// it before the holder relies on it.
+    /// unknown moment after `sent`, and Redis set it to `granted` (capped for a handoff from
+    /// Redis' queue). If little of it is left by that count, or it is short of the lease asked
+    /// for while nothing renews it, one extend confirms the lease first, so that the guard
+    /// starts out held rather than lost, and loss is never reported for a lock still ours.
     fn take(
         &self,
         keys: LockKeys,
@@ -396,38 +407,58 @@ impl LockClient {
         options: &LockOptions,
         via: Via,
     ) -> Result<Round> {
-        let queued = via == (Via::Attempt { queued: true });
-        if let (Via::Handoff, Some(acks)) = (via, self.inner.config.replica_acks) {
-            // A handoff was written by the releaser, on another connection: WAIT counts only
-            // what its own connection wrote, so re-arm the lease on ours and WAIT behind that.
+        let (granted, local_run, queued) = match via {
+            Via::Attempt { queued } => (lease, 0, queued),
+            Via::Handoff { granted, local_run } => (granted, local_run, false),
+        };
+        let acks = self.inner.config.replica_acks;
+        let confirm = matches!(via, Via::Handoff { .. })
+            && (acks.is_some()
+                || (granted < lease && options.no_renewal)
+                || sent.elapsed() > granted / 2);
+        let (sent, granted, acked) = if confirm {
+            // With replica acks: a handoff was written by the releaser, on another connection,
+            // and WAIT counts only what its own connection wrote, so the extend re-arms the
+            // lease on ours and WAITs behind it.
             let sent = Instant::now();
-            let (ours, acked) = self
-                .inner
-                .pool
-                .run(|con, _| scripts::extend_acked(con, &keys, keys.owner(), lease, acks))?;
+            let (ours, acked) = self.inner.pool.run(|con, _| match acks {
+                Some(acks) => scripts::extend_acked(con, &keys, keys.owner(), lease, acks)
+                    .map(|(ours, acked)| (ours, Some(acked))),
+                None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
+            })?;
             if !ours {
+                // It ran out before we heard of it: wait again.
+                log::debug!(
+                    "fencelock: a handoff of {:?} (token {token}) came too late to use",
+                    keys.user()
+                );
                 return Ok(Round::Stale);
             }
-            let guard = self.grant(keys, token, sent, lease, options, false);
-            if acked < acks.replicas {
+            (sent, lease, acked)
+        } else {
+            (sent, granted, None)
+        };
+        let guard = self.grant(NewGrant {
+            keys,
+            token,
+            sent,
+            granted,
+            lease,
+            auto_renew: !options.no_renewal,
+            max_hold: options.max_hold,
+            queued,
+            local_run,
+        });
+        match (acks, acked) {
+            (Some(acks), Some(acked)) if acked < acks.replicas => {
                 let _ = guard.unlock();
-                return Err(Error::NotReplicated {
+                Err(Error::NotReplicated {
                     acked,
                     required: acks.replicas,
-                });
+                })
             }
-            return Ok(Round::Granted(guard));
+            _ => Ok(Round::Granted(guard)),
         }
-        let guard = self.grant(keys, token, sent, lease, options, queued);
-        if sent.elapsed() > lease / 2 {
-            match guard.extend(lease) {
-                Ok(()) => {}
-                // It ran out before we heard of it: wait again.
-                Err(e) if e.is_lock_lost() => return Ok(Round::Stale),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(Round::Granted(guard))
     }
 
     /// One run of the acquire script (and WAIT, if replica acks are required). `queue`: join
@@ -479,30 +510,15 @@ impl LockClient {
         keys.set_owner(&self.inner.owner_prefix, n);
     }
 
-    /// Makes the guard of a grant; `queued` if its owner may still stand in Redis' queue.
-    fn grant(
-        &self,
-        keys: LockKeys,
-        token: FencingToken,
-        sent: Instant,
-        lease: Duration,
-        options: &LockOptions,
-        queued: bool,
-    ) -> LockGuard {
+    /// Makes the guard of a grant and hands the grant to the renewal thread.
+    fn grant(&self, new: NewGrant) -> LockGuard {
         let id = self.inner.next_grant.fetch_add(1, Ordering::Relaxed);
-        log::debug!("fencelock: granted {:?} with token {token}", keys.user());
-        let grant = Grant::new(
-            id,
-            keys,
-            token,
-            lease,
-            sent,
-            !options.no_renewal,
-            options.max_hold,
-            queued,
-            Arc::downgrade(&self.inner.waiters),
+        log::debug!(
+            "fencelock: granted {:?} with token {}",
+            new.keys.user(),
+            new.token
         );
-        let grant = Arc::new(grant);
+        let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&self.inner.waiters)));
         self.holders()
             .insert(grant.keys.tag().to_owned(), (id, thread::current().id()));
         // The renewal thread outlives every guard, so this only fails if it died: then nothing
@@ -575,7 +591,7 @@ impl LockClient {
         }
         let user = grant.keys.user();
         let (released, reply_lost) =
-            match self.hand_over(&grant.keys, grant.keys.owner(), grant.queued) {
+            match self.hand_over(&grant.keys, grant.keys.owner(), grant.queued, grant.local_run) {
                 Ok(found) => found,
                 Err(e) => {
                     log::warn!(
@@ -617,17 +633,26 @@ impl LockClient {
     /// leaving the queue), naming this client's next waiter for the key, and tells that waiter
     /// what became of it. Returns what the script found for `owner`, and whether its first
     /// reply was lost to a broken connection (so it ran again).
-    fn hand_over(&self, keys: &LockKeys, owner: &str, withdraw: bool) -> Result<(Released, bool)> {
+    fn hand_over(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        withdraw: bool,
+        local_run: u32,
+    ) -> Result<(Released, bool)> {
         let mut first = None;
         // After the first run, each run gives back a handoff to a waiter of ours that left
-        // before hearing of it, or takes such a waiter out of Redis' queue, in its name.
-        let mut runs = vec![(owner.to_owned(), withdraw)];
+        // before hearing of it, or takes such a waiter out of Redis' queue, in its name; those
+        // serve Redis' queue first.
+        let mut runs = vec![(owner.to_owned(), withdraw, local_run)];
         for _ in 0..MAX_HANDOVERS {
-            let Some((owner, withdraw)) = runs.pop() else {
+            let Some((owner, withdraw, local_run)) = runs.pop() else {
                 break;
             };
             let next = self.inner.waiters.next(keys.tag());
-            let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), n.first));
+            // Our own waiter goes before other clients' only so many times in a row.
+            let ahead = local_run < LOCAL_RUN;
+            let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), ahead));
             let sent = Instant::now();
             let mut reply_lost = false;
             let released = self.inner.pool.run_combined(
@@ -656,14 +681,18 @@ impl LockClient {
             match (&released, next) {
                 (
                     Released::HandedOver {
-                        token, owner: to, ..
+                        token,
+                        owner: to,
+                        lease,
                     },
                     Some(next),
                 ) if to == next.owner() => {
-                    self.inner.waiters.handed(keys.tag(), true);
                     let wake = Wake::Granted {
                         token: *token,
                         since: Some(sent),
+                        lease: *lease,
+                        // Without the go-ahead, Redis' queue was empty: nobody was passed over.
+                        local_run: if ahead { local_run + 1 } else { 0 },
                     };
                     match self.inner.waiters.deliver_to(&next, wake) {
                         // The lock is the scarce resource: let its new holder run now rather
@@ -671,7 +700,7 @@ impl LockClient {
                         // machine the scheduler tends to put a woken thread there).
                         Ok(()) => thread::yield_now(),
                         // It left, maybe after leaving Redis' queue too: give the lock back.
-                        Err(Left::Empty) => runs.push((to.clone(), false)),
+                        Err(Left::Empty) => runs.push((to.clone(), false, LOCAL_RUN)),
                         Err(Left::Granted) => {}
                     }
                 }
@@ -683,13 +712,14 @@ impl LockClient {
                     },
                     next,
                 ) => {
-                    self.inner.waiters.handed(keys.tag(), false);
                     if to.starts_with(&self.inner.owner_prefix) {
                         // One of ours that queued in Redis: if it left meanwhile, its leaving
                         // gives the lock back.
                         let wake = Wake::Granted {
                             token: *token,
                             since: Some(sent),
+                            lease: *lease,
+                            local_run: 0,
                         };
                         self.inner.waiters.deliver(keys.tag(), to, wake);
                     }
@@ -700,7 +730,7 @@ impl LockClient {
                             since: sent,
                         };
                         if let Err(Left::Empty) = self.inner.waiters.deliver_to(&next, wake) {
-                            runs.push((next.owner().to_owned(), true));
+                            runs.push((next.owner().to_owned(), true, LOCAL_RUN));
                         }
                     }
                 }
@@ -732,8 +762,29 @@ enum Round {
 enum Via {
     /// Its own attempt; `queued` if it may still stand in Redis' queue all the same.
     Attempt { queued: bool },
-    /// A release handed it over.
-    Handoff,
+    /// A release handed it over, setting the lease to `granted`; see `Grant::local_run`.
+    Handoff { granted: Duration, local_run: u32 },
+}
+
+/// The grant a wake carries, if it is one: its token, the earliest its lease can have started
+/// (`earliest` unless the release that handed it over says), and how it came.
+fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Via)> {
+    match wake {
+        Wake::Granted {
+            token,
+            since,
+            lease,
+            local_run,
+        } => Some((
+            token,
+            since.unwrap_or(earliest),
+            Via::Handoff {
+                granted: lease,
+                local_run,
+            },
+        )),
+        _ => None,
+    }
 }
 
 /// A waiter's state between attempts.

@@ -1,7 +1,7 @@
 //! The state of one grant, shared by its guard and the renewal thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError, Weak};
+use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -23,10 +23,12 @@ pub(crate) struct Grant {
     /// The owner id may still stand in the key's queue in Redis (a release queued it while its
     /// own attempt was granted): the release takes the entry out.
     pub(crate) queued: bool,
-    /// The last round trip that confirmed the lease (the grant, a renewal or an extend): when it
-    /// was *sent*, and the lease it set. Redis set the TTL no earlier than the send, so the lease
-    /// runs at least until `sent + lease`.
-    confirmed: Mutex<Confirmed>,
+    /// How many releases in a row handed this lock from one thread of this client to the next
+    /// ahead of other clients' waiters, this grant's included (see `wait::LOCAL_RUN`). It travels
+    /// with the lock, not with the key's local queue, which empties between turns.
+    pub(crate) local_run: u32,
+    /// What the round trips that confirmed the lease (the grant, renewals, extends) tell.
+    lease: Mutex<Lease>,
     lost: AtomicBool,
     /// Set when the guard starts releasing: loss found after that is not news to anyone.
     ended: AtomicBool,
@@ -75,15 +77,28 @@ impl Place {
     }
 }
 
+/// A grant's lease as this process knows it.
+///
+/// Redis never shortens a lease (extend.lua re-arms only a lease that would end sooner), so the
+/// key's expiry only moves forward while the lock is ours, and every confirmed round trip sent
+/// at `sent` that set `lease` proves the lease runs at least until `sent + lease`, whatever order
+/// Redis applied them in (a delayed extend on a dropped connection included). The local
+/// deadline is the latest of those ends, less the drift margin.
 #[derive(Clone, Copy)]
-struct Confirmed {
+struct Lease {
+    /// The latest-sent confirmed round trip and the lease it set: renewals fall due a third of
+    /// that lease after it.
     sent: Instant,
     lease: Duration,
+    /// What renewals re-arm: the lease asked for at the grant, or by the last explicit extend.
+    /// More than `lease` after a handoff capped at [`HANDOFF_LEASE`].
+    renew: Duration,
+    deadline: Instant,
 }
 
-fn local_deadline(c: Confirmed) -> Instant {
-    deadline_of(c.sent, c.lease)
-}
+/// The longest lease a release in another client grants to a waiter of the key's queue in Redis
+/// (`HANDOFF_LEASE` in grant.lua): the waiter's first renewal or extend confirms its own lease.
+pub(crate) const HANDOFF_LEASE: Duration = Duration::from_millis(5000);
 
 /// The local deadline of a lease confirmed by a round trip sent at `sent`.
 pub(crate) fn deadline_of(sent: Instant, lease: Duration) -> Instant {
@@ -96,19 +111,36 @@ pub(crate) fn drift_margin(lease: Duration) -> Duration {
     Duration::from_millis(2) + lease / 100
 }
 
+/// What a new grant is made of: the facts its acquire or handoff established.
+pub(crate) struct NewGrant {
+    pub(crate) keys: LockKeys,
+    pub(crate) token: FencingToken,
+    /// When the round trip that granted it was sent (no later than Redis set the lease), and the
+    /// lease Redis set then.
+    pub(crate) sent: Instant,
+    pub(crate) granted: Duration,
+    /// The lease the holder asked for: what renewals re-arm.
+    pub(crate) lease: Duration,
+    pub(crate) auto_renew: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) queued: bool,
+    pub(crate) local_run: u32,
+}
+
 impl Grant {
-    #[allow(clippy::too_many_arguments)] // one call site, each argument a distinct fact of the grant
-    pub(crate) fn new(
-        id: u64,
-        keys: LockKeys,
-        token: FencingToken,
-        lease: Duration,
-        sent: Instant,
-        auto_renew: bool,
-        max_hold: Option<Duration>,
-        queued: bool,
-        waiters: Weak<Waiters>,
-    ) -> Grant {
+    /// `id` names the grant to the renewal thread; `waiters` are woken if it is lost.
+    pub(crate) fn new(id: u64, new: NewGrant, waiters: Weak<Waiters>) -> Grant {
+        let NewGrant {
+            keys,
+            token,
+            sent,
+            granted,
+            lease,
+            auto_renew,
+            max_hold,
+            queued,
+            local_run,
+        } = new;
         Grant {
             id,
             keys,
@@ -116,7 +148,13 @@ impl Grant {
             auto_renew,
             renew_until: max_hold.and_then(|d| sent.checked_add(d)),
             queued,
-            confirmed: Mutex::new(Confirmed { sent, lease }),
+            local_run,
+            lease: Mutex::new(Lease {
+                sent,
+                lease: granted,
+                renew: lease,
+                deadline: deadline_of(sent, granted),
+            }),
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_tx: Mutex::new(None),
@@ -139,72 +177,58 @@ impl Grant {
         rx
     }
 
-    fn confirmed(&self) -> Confirmed {
-        *self
-            .confirmed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, Lease> {
+        self.lease.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The lease the last confirmation set; renewals re-arm this much.
-    pub(crate) fn lease(&self) -> Duration {
-        self.confirmed().lease
+    /// The lease renewals re-arm.
+    pub(crate) fn renewal_lease(&self) -> Duration {
+        self.state().renew
     }
 
-    /// The lease the last confirmation set, and the local deadline it gives.
+    /// The lease the latest confirmation set, and the local deadline.
     pub(crate) fn lease_and_deadline(&self) -> (Duration, Instant) {
-        let confirmed = self.confirmed();
-        (confirmed.lease, local_deadline(confirmed))
+        let state = self.state();
+        (state.lease, state.deadline)
     }
 
-    /// When the lease is next due for renewal: a third of a lease after its last confirmation.
+    /// When the lease is next due for renewal: a third of a lease after its latest confirmation.
     pub(crate) fn next_renewal(&self) -> Instant {
-        let confirmed = self.confirmed();
-        confirmed.sent + confirmed.lease / 3
+        let state = self.state();
+        state.sent + state.lease / 3
     }
 
     /// A renewal or extend sent at `sent`, setting `lease`, succeeded; its reply came no later
     /// than `now`. Returns false, and marks the grant lost, if the local deadline passed before
     /// then: once `is_held()` could have said false, it must never say true again.
     pub(crate) fn confirm(&self, sent: Instant, lease: Duration, now: Instant) -> bool {
-        let mut confirmed = self
-            .confirmed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state();
         if self.lost.load(Ordering::Acquire) {
             return false;
         }
-        if now >= local_deadline(*confirmed) {
-            drop(confirmed);
+        if now >= state.deadline {
+            drop(state);
             self.mark_lost("its lease ran out before a renewal was confirmed");
             return false;
         }
-        // All extends of a grant go out on the renewal thread's one connection, in order, so the
-        // latest sent is the one Redis applied last.
-        if sent >= confirmed.sent {
-            *confirmed = Confirmed { sent, lease };
+        // Redis applied it no earlier than `sent`, and no extend shortens a lease since: the
+        // key lives until `sent + lease` at least, whatever came before or after it.
+        state.deadline = state.deadline.max(deadline_of(sent, lease));
+        if sent >= state.sent {
+            state.sent = sent;
+            state.lease = lease;
         }
         true
     }
 
-    /// An extend to `lease` sent at `sent` may or may not have run (its reply was lost). Brings
-    /// the local deadline forward if that extend, had it run, ended the lease sooner; returns
-    /// whether it did.
-    pub(crate) fn limit(&self, sent: Instant, lease: Duration) -> bool {
-        let mut confirmed = self
-            .confirmed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if deadline_of(sent, lease) >= local_deadline(*confirmed) {
-            return false;
-        }
-        *confirmed = Confirmed { sent, lease };
-        true
+    /// An explicit extend to `lease` was confirmed: renewals re-arm that much from now on.
+    pub(crate) fn renew_with(&self, lease: Duration) {
+        self.state().renew = lease;
     }
 
     /// The local end of the lease, on the monotonic clock.
     pub(crate) fn deadline(&self) -> Instant {
-        local_deadline(self.confirmed())
+        self.state().deadline
     }
 
     /// Loss is one-way: past the deadline the grant is marked lost, by whoever notices first.

@@ -58,7 +58,7 @@ impl LockGuard {
 
     /// The lease this grant was taken with.
     pub fn lease(&self) -> Duration {
-        self.grant.lease()
+        self.grant.renewal_lease()
     }
 
     /// Whether the lock is still ours, as far as this process can know without asking Redis.

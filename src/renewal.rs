@@ -393,7 +393,7 @@ impl Renewer {
             return;
         }
         let sent = Instant::now();
-        let leases: Vec<Duration> = batch.iter().map(|g| g.lease()).collect();
+        let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
         let replies = match self.extend_all(&batch, &leases) {
             Ok(replies) => replies,
             Err(e) => {
@@ -456,7 +456,7 @@ impl Renewer {
             self.register(id, cohort);
         }
         if let Some(first) = again.first() {
-            let retry = sent + retry_delay(first.lease());
+            let retry = sent + retry_delay(first.renewal_lease());
             self.file(again, Some(retry));
         }
     }
@@ -493,8 +493,7 @@ impl Renewer {
         if !self.held.contains_key(&grant.id) {
             return Ok(false);
         }
-        let first_sent = Instant::now();
-        let mut sent = first_sent;
+        let mut sent = Instant::now();
         let mut reply = self.extend_once(grant, lease);
         for _ in 0..crate::wire::MAX_INTERRUPTS {
             match &reply {
@@ -510,15 +509,14 @@ impl Renewer {
                 if !crate::wire::interrupted(e) {
                     self.con = None;
                 }
-                // Any of the extends sent may have run: a shorter lease may now end Redis' TTL
-                // before the local deadline. The deadline moves to the earlier of the two, and
-                // the grant to a cohort of its own, whose deadline that is.
-                if grant.limit(first_sent, lease) {
-                    self.refile_alone(grant.id);
-                }
+                // Any of the extends sent may run, now or later: none can shorten the lease, so
+                // the local deadline stands, and renewal (if on) takes its course.
                 return reply;
             }
-            Ok(true) if grant.confirm(sent, lease, Instant::now()) => self.refile_alone(grant.id),
+            Ok(true) if grant.confirm(sent, lease, Instant::now()) => {
+                grant.renew_with(lease);
+                self.refile_alone(grant.id);
+            }
             Ok(true) => {
                 // Confirmed too late: `confirm` marked it lost.
                 self.forget(grant.id);

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select, Sender};
 
+use crate::grant::HANDOFF_LEASE;
 use crate::token::FencingToken;
 
 /// Why a waiter was woken.
@@ -37,11 +38,14 @@ pub(crate) enum Wake {
         retry_after: Duration,
         since: Instant,
     },
-    /// The lock was handed to this waiter with `token`. Its lease started no earlier than
-    /// `since`, when the handing release was sent; `None` when another client's release did it.
+    /// The lock was handed to this waiter with `token`, and Redis set its lease to `lease`. The
+    /// lease started no earlier than `since`, when the handing release was sent; `None` when
+    /// another client's release did it. `local_run`: see `Grant::local_run`.
     Granted {
         token: FencingToken,
         since: Option<Instant>,
+        lease: Duration,
+        local_run: u32,
     },
 }
 
@@ -76,14 +80,14 @@ pub(crate) enum Left {
 /// A waiter named in a release: the head of its key's queue at the time.
 pub(crate) struct Next {
     slot: Arc<Slot>,
-    /// Whether it may go before other clients' waiters (see [`LOCAL_RUN`]).
-    pub(crate) first: bool,
 }
 
 /// How many times in a row a client hands a lock to its own next waiter while other clients'
 /// waiters may be queued in Redis. A local handoff costs no pub/sub message and no thread of
 /// another process, so under contention it keeps the lock busy more of the time; the bound
-/// keeps other clients from waiting longer than this many holds for their turn.
+/// keeps other clients from waiting longer than this many holds for their turn. The count
+/// travels with the lock (`Grant::local_run`): threads that take turns empty the key's local
+/// queue between turns, so a count kept there would start again each time.
 pub(crate) const LOCAL_RUN: u32 = 8;
 
 impl Next {
@@ -106,8 +110,6 @@ pub(crate) struct Waiters {
 #[derive(Default)]
 struct Queue {
     slots: VecDeque<Arc<Slot>>,
-    /// Local handoffs in a row (see [`LOCAL_RUN`]).
-    run: u32,
 }
 
 impl Waiters {
@@ -150,15 +152,7 @@ impl Waiters {
         head.named.store(true, Ordering::SeqCst);
         Some(Next {
             slot: Arc::clone(head),
-            first: queue.run < LOCAL_RUN,
         })
-    }
-
-    /// Counts a handoff of `tag`: to our own next waiter (`local`) or not.
-    pub(crate) fn handed(&self, tag: &str, local: bool) {
-        if let Some(queue) = self.queues().get_mut(tag) {
-            queue.run = if local { queue.run + 1 } else { 0 };
-        }
     }
 
     /// Delivers `wake` to a waiter named in a release; how it left if it no longer waits.
@@ -179,6 +173,26 @@ impl Waiters {
             .get(tag)
             .and_then(|q| q.slots.iter().find(|s| s.owner == owner))
             .is_some_and(|slot| slot.tx.send(wake).is_ok())
+    }
+
+    /// Delivers a handoff by another client's release to our waiter `owner` of `tag`: Redis
+    /// set its lease to its own, capped at [`HANDOFF_LEASE`]. `false` if it is no longer
+    /// waiting.
+    fn deliver_handoff(&self, tag: &str, owner: &str, token: FencingToken) -> bool {
+        let queues = self.queues();
+        let Some(slot) = queues
+            .get(tag)
+            .and_then(|q| q.slots.iter().find(|s| s.owner == owner))
+        else {
+            return false;
+        };
+        let wake = Wake::Granted {
+            token,
+            since: None,
+            lease: slot.lease.min(HANDOFF_LEASE),
+            local_run: 0,
+        };
+        slot.tx.send(wake).is_ok()
     }
 
     /// `tag` may be free: wake the head of its queue, if any.
@@ -254,16 +268,16 @@ impl Ticket {
         self.granted = true;
     }
 
-    /// Leaves the queue without a grant. Returns a grant that arrived meanwhile, if any (its
-    /// token and `since`, as in [`Wake::Granted`]), and whether a release of this client may
-    /// have put us in Redis' queue.
-    pub(crate) fn leave(mut self) -> (Option<(FencingToken, Option<Instant>)>, bool) {
+    /// Leaves the queue without a grant. Returns a grant that arrived meanwhile, if any (a
+    /// [`Wake::Granted`]), and whether a release of this client may have put us in Redis'
+    /// queue.
+    pub(crate) fn leave(mut self) -> (Option<Wake>, bool) {
         self.remove();
         // Nobody can send after the removal, so this sees every wake there will ever be.
-        let granted = self.rx.try_iter().find_map(|w| match w {
-            Wake::Granted { token, since } => Some((token, since)),
-            _ => None,
-        });
+        let granted = self
+            .rx
+            .try_iter()
+            .find(|w| matches!(w, Wake::Granted { .. }));
         (granted, self.slot.named.load(Ordering::SeqCst))
     }
 
@@ -435,11 +449,7 @@ impl Listener<'_> {
             log::debug!("fencelock: ignoring a release message without a token");
             return;
         };
-        let wake = Wake::Granted {
-            token: FencingToken::new(token),
-            since: None,
-        };
-        if !waiters.deliver(tag, owner, wake) {
+        if !waiters.deliver_handoff(tag, owner, FencingToken::new(token)) {
             log::debug!("fencelock: a handoff reached a waiter that had left");
         }
     }

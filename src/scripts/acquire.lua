@@ -1,5 +1,5 @@
 -- acquire.lua: grant the lock if it is free and mint a fencing token, atomically; otherwise, for
--- a waiter, join the key's queue. (grant.lua is prepended: grant, enqueue, dequeue.)
+-- a waiter, join the key's queue. (grant.lua is prepended: mint, grant, rearm, enqueue, dequeue.)
 --
 -- KEYS[1]  lock key   string: the owner id of the current grant, with a PX lease
 -- KEYS[2]  fence key  integer counter of grants for this key; never expires
@@ -11,10 +11,11 @@
 --          lock is held; '2': a waiter that may stand in the queue already: join or refresh its
 --          entry if the lock is held, take it out if granted
 --
--- Returns  {1, token}  granted (and out of the queue). If the lock already belongs to ARGV[1] (a
+-- Returns  {1, token}  granted (and out of the queue); the token is a bulk string of decimal
+--                      digits (exact beyond 2^53). If the lock already belongs to ARGV[1] (a
 --                      retry after a reply was lost, or a release handed it to us) the lease is
---                      re-armed and the current counter is returned: nobody else can have been
---                      granted since.
+--                      re-armed (never shortened) and the current counter is returned: nobody
+--                      else can have been granted since.
 --          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry).
 --                      A waiter's entry is made or refreshed to outlive its next unprompted
 --                      attempt, at the holder's expiry.
@@ -28,10 +29,12 @@ if holder == false then
   return {1, token}
 end
 if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  rearm(KEYS[1], ARGV[2])
+  -- Nobody else was granted since our grant minted the counter's value. If the counter is gone
+  -- (deleted, evicted), a new token is minted under the clock floor, as for any grant.
   local token = redis.call('GET', KEYS[2])
   if token == false then
-    token = redis.call('INCR', KEYS[2])
+    token = mint(KEYS[2])
   end
   return {1, token}
 end

@@ -1,12 +1,16 @@
--- extend.lua: re-arm the lease of a lock we still own (compare-and-pexpire).
+-- extend.lua: re-arm the lease of a lock we still own (compare-and-pexpire, never shortening).
 --
 -- KEYS[1]  lock key
 -- ARGV[1]  owner id of our grant
 -- ARGV[2]  lease in milliseconds
 --
--- Returns  1  extended
+-- Returns  1  ours: the lease runs at least ARGV[2] ms from now (re-armed unless it already ran
+--             longer: a late extend must not cut short what a newer one set)
 --          0  the key is gone or belongs to another owner; nothing was changed
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
 end
 return 0

@@ -11,27 +11,55 @@ local function now_ms()
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 
--- Sets the lock to `owner` for `lease` ms and returns its fencing token: the fence counter after
+-- How long a release grants the lock to a waiter of its queue: the waiter's own lease, but no more
+-- than this (ms) until the waiter confirms it by extending. A waiter that died while queued then
+-- holds up everyone behind it for at most this long, whatever lease it asked for. The client
+-- side has the same number (HANDOFF_LEASE in src/grant.rs).
+local HANDOFF_LEASE = 5000
+
+-- Raises the fence counter and returns the new token as a decimal string: the counter after
 -- INCR, lifted to the server clock in microseconds (TIME) when the counter is behind it.
+--
+-- The token is read back with GET rather than taken from INCR's reply: Lua numbers are doubles,
+-- exact only up to 2^53, and a counter set by hand or restored from elsewhere can be beyond.
+-- (The comparison with the clock stays exact enough: the clock is far below 2^53, so a counter
+-- beyond it compares as larger whatever its rounding.)
 --
 -- The clock floor keeps tokens increasing where a plain counter goes back: after a restart
 -- without persistence (the counter starts again at 0) and after a failover that lost the last
 -- increments. It assumes the server clock never steps back by more than the time such an event
 -- takes. Redis replicates script effects, so TIME before writes is allowed and replicas receive
 -- the resulting SET, not the clock reading.
+local function mint(fence)
+  redis.call('INCR', fence)
+  local token = redis.call('GET', fence)
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if tonumber(token) < floor then
+    token = string.format('%.0f', floor)
+    redis.call('SET', fence, token)
+  end
+  return token
+end
+
+-- Sets the lock to `owner` for `lease` ms and returns its fencing token (see mint).
 --
 -- INCR runs before SET: scripts do not roll back, and a fence key that cannot be incremented
 -- (a wrong type, an overflow) must fail the script before it leaves a lock behind.
 local function grant(lock, fence, owner, lease)
-  local token = redis.call('INCR', fence)
-  local now = redis.call('TIME')
-  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if token < floor then
-    token = floor
-    redis.call('SET', fence, string.format('%.0f', floor))
-  end
+  local token = mint(fence)
   redis.call('SET', lock, owner, 'PX', lease)
   return token
+end
+
+-- Re-arms the lease of a lock to `lease` ms from now, unless it already runs longer. An extend
+-- never shortens a lease: one delayed in the network (sent before a longer extend, applied
+-- after it) then cannot end the lease before the holder's local deadline, which is the latest
+-- end any confirmed extend promised.
+local function rearm(lock, lease)
+  if redis.call('PTTL', lock) < tonumber(lease) then
+    redis.call('PEXPIRE', lock, lease)
+  end
 end
 
 -- Puts `owner` at the back of the queue, or refreshes its entry where it already stands. The

@@ -1,6 +1,6 @@
 -- release.lua: give up a lock we still own, handing it straight to the next waiter if there is
 -- one (compare, then delete or re-grant). Also how a waiter that gives up leaves the queue.
--- (grant.lua is prepended: grant, enqueue, dequeue.)
+-- (grant.lua is prepended: mint, grant, rearm, enqueue, dequeue.)
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  fence key
@@ -18,7 +18,9 @@
 --          {1}                         deleted; nobody waits
 --          {2, token, owner, lease}    handed to `owner`: ARGV[3] if ARGV[5] says so, else the
 --                                      oldest live entry of the queue, else ARGV[3]. The new
---                                      grant has its fencing token and the owner's lease. Unless
+--                                      grant has its fencing token (a decimal string) and the
+--                                      lease set: ARGV[4] for ARGV[3], the entry's lease but at
+--                                      most HANDOFF_LEASE for a queue's waiter. Unless
 --                                      the owner is one of the caller's (its id starts like
 --                                      ARGV[1], up to the ':'), "<token> <owner> <tag>" is
 --                                      published on "<namespace>:released:<client>", the
@@ -57,21 +59,24 @@ while true do
   if expiry and next ~= ARGV[1] then
     now = now or now_ms()
     if tonumber(expiry) > now then
+      -- The waiter may have died while queued: it has HANDOFF_LEASE to confirm the grant.
+      lease = math.min(tonumber(lease), HANDOFF_LEASE)
       local token = grant(KEYS[1], KEYS[2], next, lease)
       if next_owner and next_owner ~= next then
-        enqueue(KEYS[3], KEYS[4], next_owner, next_lease, tonumber(lease))
+        enqueue(KEYS[3], KEYS[4], next_owner, next_lease, lease)
       end
       local prefix = string.match(ARGV[1], '^[^:]*:') or ARGV[1]
       if string.sub(next, 1, #prefix) ~= prefix then
         -- The namespace holds no '{' and the tag no '{' or '}': the first '{' opens the tag.
         local namespace, tag = string.match(KEYS[1], '^(.*):lock:{([^{}]*)}$')
-        local message = string.format('%.0f %s %s', token, next, tag)
+        -- Concatenated, not string.format('%s'): that stops at a NUL, which keys may hold.
+        local message = token .. ' ' .. next .. ' ' .. tag
         local client = string.match(next, '^[^:]*')
         -- The lock is handed over already: a PUBLISH refused (an ACL without the channel)
         -- must not fail the release; the waiter finds the lock at its next attempt.
         redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
       end
-      return {2, token, next, tonumber(lease)}
+      return {2, token, next, lease}
     end
   end
 end
