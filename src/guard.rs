@@ -56,7 +56,8 @@ impl LockGuard {
         self.grant.token
     }
 
-    /// The lease this grant was taken with.
+    /// The lease renewals re-arm: the one this grant was taken with, or the last
+    /// [`extend`](LockGuard::extend)'s.
     pub fn lease(&self) -> Duration {
         self.grant.renewal_lease()
     }
@@ -97,10 +98,15 @@ impl LockGuard {
         self.lost.get_or_init(|| self.grant.watch())
     }
 
-    /// Re-arms the lease to `lease` from now, if the lock is still ours; renewal (if on) keeps
-    /// re-arming this lease from then on. Useful with renewal off
+    /// Makes the lease run at least `lease` from now, if the lock is still ours; renewal (if on)
+    /// keeps re-arming this lease from then on. Useful with renewal off
     /// ([`LockOptions::renew`](crate::LockOptions::renew)), or to lengthen a lease before a step
     /// that may stall.
+    ///
+    /// An extend never shortens a lease: if more than `lease` is left, the lease stays as it is
+    /// (and `is_held()` with it). Extends can reach Redis late and out of order; were a late,
+    /// shorter one allowed to cut the lease, Redis could free the lock while this guard still
+    /// says held.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of range, before

@@ -40,7 +40,8 @@ enum Command {
     /// Stop tracking the grant with this id (it is being released).
     Forget(u64),
     /// Re-arm this grant's lease to `lease` now, and answer whether it was still ours. Runs
-    /// here so that every PEXPIRE of a grant goes out on one connection, in order.
+    /// here because the grant's place in the schedule changes with its lease, and only this
+    /// thread files grants. (Order on the wire does not matter: no extend shortens a lease.)
     Extend {
         grant: Arc<Grant>,
         lease: Duration,
