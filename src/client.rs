@@ -590,16 +590,18 @@ impl LockClient {
             }
         }
         let user = grant.keys.user();
-        let (released, reply_lost) =
-            match self.hand_over(&grant.keys, grant.keys.owner(), grant.queued, grant.local_run) {
-                Ok(found) => found,
-                Err(e) => {
-                    log::warn!(
-                        "fencelock: releasing {user:?} failed, it expires with its lease: {e}"
-                    );
-                    return Err(e);
-                }
-            };
+        let (released, reply_lost) = match self.hand_over(
+            &grant.keys,
+            grant.keys.owner(),
+            grant.queued,
+            grant.local_run,
+        ) {
+            Ok(found) => found,
+            Err(e) => {
+                log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
+                return Err(e);
+            }
+        };
         match released {
             Released::Freed | Released::HandedOver { .. } => {
                 log::debug!("fencelock: released {user:?} (token {})", grant.token);
