@@ -36,7 +36,7 @@
 //! - `renewal`: R locks held for several lease periods: round trips per renewal tick, CPU
 //!   time of the renewal thread, client heap per held lock.
 //!
-//! The baseline is the approach of the seed snippets: `SET key owner NX PX 30000`, on failure
+//! The baseline is the common hand-written lock: `SET key owner NX PX 30000`, on failure
 //! sleep 100 ms and retry; release by a compare-and-delete script.
 //!
 //! Parameters: an argument `KEY=VALUE` or the environment variable `BENCH_KEY` (the argument
@@ -756,7 +756,7 @@ fn bench_uncontended(server: &RedisServer, p: &Params, r: &mut Report) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// baseline: the seeds' lock
+// baseline: the common hand-written lock
 // ---------------------------------------------------------------------------------------------
 
 const BASELINE_RELEASE: &str =

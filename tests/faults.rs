@@ -1,4 +1,4 @@
-//! Fault injection (issue 4): Redis paused, killed and restarted; the connection to it reset,
+//! Fault injection: Redis paused, killed and restarted; the connection to it reset,
 //! delayed and blackholed; the pool exhausted by the caller's own threads; Redis error replies;
 //! a holder process frozen past its lease.
 //!

@@ -55,7 +55,7 @@ fn sixteen_threads_on_two_clients_never_overlap() {
     }
 }
 
-/// The seeds' first attempt without atomicity: GET, then SET if empty, with a counter bumped by
+/// The common first attempt without atomicity: GET, then SET if empty, with a counter bumped by
 /// GET + SET. Overlaps and repeated tokens follow, and the checker must say so.
 #[test]
 fn checker_fires_on_a_broken_lock() {
