@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::config::{Builder, Config};
 use crate::error::{Error, Result};
-use crate::grant::{Grant, NewGrant};
+use crate::grant::{Grant, NewGrant, HANDOFF_LEASE};
 use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
@@ -358,7 +358,11 @@ impl LockClient {
                     }
                     Acquire::Held(pttl) => {
                         // A key without expiry was not set by fencelock; look again a lease later.
-                        let after = pttl.unwrap_or(lease) + Duration::from_millis(1);
+                        // Never later than a handoff's lease: the holder may meanwhile have
+                        // handed the lock to a waiter ahead of us that died, whose grant runs out
+                        // after that long without a release to wake us.
+                        let after =
+                            pttl.unwrap_or(lease).min(HANDOFF_LEASE) + Duration::from_millis(1);
                         holder_expiry = Instant::now().checked_add(after);
                     }
                 }

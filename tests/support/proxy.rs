@@ -2,11 +2,17 @@
 //!
 //! Each accepted connection gets its own upstream connection and one thread per
 //! direction. The fault [`Mode`] is global and can be changed at any time.
+//!
+//! [`Mode::HoldExisting`] is the one mode that tells connections apart: it holds back the bytes
+//! of the connections open when it is set (a client's pooled or renewal connection, say), then
+//! delivers them late, in order, while connections made later pass untouched. See
+//! [`Proxy::held_bytes`], [`Proxy::held_upstream`], [`Proxy::orphaned_connections`] and
+//! [`Proxy::release_held`] for watching and ending such a hold.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -37,11 +43,51 @@ pub enum Mode {
     /// sees EOF / "connection reset"), and close new connections as soon as
     /// they are accepted.
     Reset,
+    /// Hold back every byte, both directions, of the connections open (or being
+    /// accepted) at the moment this mode is set, for up to this long from then
+    /// or until [`Proxy::release_held`]; then deliver what was held, in order,
+    /// and forward as in [`Mode::Pass`]. Connections accepted later pass
+    /// untouched all along: a client that times out on a held connection and
+    /// reconnects gets through, while what it sent on the old one reaches the
+    /// upstream late (a stale command overtaken by newer ones).
+    ///
+    /// A held connection whose client closes (or resets) its side meanwhile is
+    /// kept open upstream (an "orphan", see [`Proxy::orphaned_connections`]):
+    /// at the release its held client bytes are still delivered upstream, then
+    /// the upstream's write side is shut down, and the connection closes once
+    /// the upstream closes in turn (Redis does after running every command it
+    /// read). Answers that can no longer reach the client are read and dropped.
+    ///
+    /// Setting another mode ends the hold (as [`Proxy::release_held`]); held
+    /// bytes are delivered whatever that mode is, unless it is [`Mode::Reset`],
+    /// which closes the connections and loses them. Setting `HoldExisting`
+    /// again starts a new hold over every connection open then.
+    HoldExisting(Duration),
+}
+
+/// Which way a pump copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    /// Client to upstream.
+    Up,
+    /// Upstream to client.
+    Down,
+}
+
+/// The current [`Mode::HoldExisting`] hold.
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    /// Connections with an id below this one are held.
+    cutoff: u64,
+    /// The hold ends then (at the latest).
+    until: Instant,
 }
 
 struct Conn {
     client: TcpStream,
     upstream: TcpStream,
+    /// Its client closed its side while the connection was held (see [`Mode::HoldExisting`]).
+    orphaned: bool,
 }
 
 impl Conn {
@@ -59,6 +105,13 @@ struct Shared {
     accepted: AtomicU64,
     conns: Mutex<HashMap<u64, Conn>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The current or last [`Mode::HoldExisting`] hold, if any was ever set.
+    hold: Mutex<Option<Hold>>,
+    /// Bytes read on held connections and not yet delivered (both directions).
+    held_bytes: AtomicUsize,
+    /// Every byte held back on its way upstream since the last hold began, in the order read
+    /// (delivered or not).
+    held_upstream: Mutex<Vec<u8>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,6 +136,30 @@ impl Shared {
     fn close(&self, id: u64) {
         if let Some(conn) = lock(&self.conns).remove(&id) {
             conn.close();
+        }
+    }
+
+    /// Whether connection `id` was open when the last hold began (held now or once).
+    fn marked(&self, id: u64) -> bool {
+        lock(&self.hold).is_some_and(|h| id < h.cutoff)
+    }
+
+    /// Whether connection `id` is held back right now.
+    fn holding(&self, id: u64) -> bool {
+        lock(&self.hold).is_some_and(|h| id < h.cutoff && Instant::now() < h.until)
+    }
+
+    /// Ends the current hold, if any: its connections deliver what they held.
+    fn release_held(&self) {
+        let mut hold = lock(&self.hold);
+        if let Some(h) = hold.as_mut() {
+            h.until = h.until.min(Instant::now());
+        }
+    }
+
+    fn orphan(&self, id: u64) {
+        if let Some(conn) = lock(&self.conns).get_mut(&id) {
+            conn.orphaned = true;
         }
     }
 
@@ -127,6 +204,9 @@ impl Proxy {
             accepted: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
+            hold: Mutex::new(None),
+            held_bytes: AtomicUsize::new(0),
+            held_upstream: Mutex::new(Vec::new()),
         });
         let accept_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
@@ -158,11 +238,60 @@ impl Proxy {
     }
 
     /// Changes the mode; [`Mode::Reset`] also closes every open connection now.
+    /// [`Mode::HoldExisting`] starts holding the connections open now; any other mode ends
+    /// such a hold.
     pub fn set_mode(&self, mode: Mode) {
-        *lock(&self.shared.mode) = mode;
+        match mode {
+            Mode::HoldExisting(limit) => {
+                // Under the mode's lock: a connection is either accepted under the old mode and
+                // held, or under the new one.
+                let mut current = lock(&self.shared.mode);
+                lock(&self.shared.held_upstream).clear();
+                *lock(&self.shared.hold) = Some(Hold {
+                    cutoff: self.shared.next_id.load(Ordering::SeqCst),
+                    until: Instant::now() + limit,
+                });
+                *current = mode;
+            }
+            _ => {
+                self.shared.release_held();
+                *lock(&self.shared.mode) = mode;
+            }
+        }
         if mode == Mode::Reset {
             self.shared.close_all();
         }
+    }
+
+    /// Ends a [`Mode::HoldExisting`] hold now (the mode itself stays as it is): held bytes are
+    /// delivered, in order, within a few milliseconds.
+    pub fn release_held(&self) {
+        self.shared.release_held();
+    }
+
+    /// Bytes held back by [`Mode::HoldExisting`] and not delivered yet (both directions; held
+    /// bytes of connections closed by [`Mode::Reset`] or the proxy's drop are lost, and no
+    /// longer counted).
+    pub fn held_bytes(&self) -> usize {
+        self.shared.held_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Every byte the current (or last) [`Mode::HoldExisting`] hold held back on its way
+    /// upstream, delivered or not: what the clients sent on their held connections, in the
+    /// order read (the chunks of different connections interleaved as they came).
+    pub fn held_upstream(&self) -> Vec<u8> {
+        lock(&self.shared.held_upstream).clone()
+    }
+
+    /// Connections whose client closed its side while they were held (see
+    /// [`Mode::HoldExisting`]) and that are still open: their held bytes are not all delivered
+    /// yet, or the upstream has not closed its side yet. Once this is 0 after a release, the
+    /// upstream has read, and closed after, everything those clients had sent.
+    pub fn orphaned_connections(&self) -> usize {
+        lock(&self.shared.conns)
+            .values()
+            .filter(|c| c.orphaned)
+            .count()
     }
 
     /// Closes every open connection now, whatever the mode.
@@ -256,24 +385,73 @@ fn handle_connection(client: TcpStream, shared: &Arc<Shared>) {
         let _ = upstream.shutdown(Shutdown::Both);
         return;
     };
-    let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
-    lock(&shared.conns).insert(id, Conn { client, upstream });
+    let id = {
+        // Under the mode's lock, so that `Mode::HoldExisting` holds every connection accepted
+        // before it was set.
+        let _mode = lock(&shared.mode);
+        shared.next_id.fetch_add(1, Ordering::SeqCst)
+    };
+    lock(&shared.conns).insert(
+        id,
+        Conn {
+            client,
+            upstream,
+            orphaned: false,
+        },
+    );
     shared.spawn(format!("proxy-conn{id}-up"), move |s| {
-        pump(id, c_read, u_write, &s)
+        pump(id, Dir::Up, c_read, u_write, &s)
     });
     shared.spawn(format!("proxy-conn{id}-down"), move |s| {
-        pump(id, u_read, c_write, &s)
+        pump(id, Dir::Down, u_read, c_write, &s)
     });
 }
 
 /// Copies `from` -> `to` according to the mode until EOF, an error, `Reset`
-/// or shutdown; then closes the whole connection.
-fn pump(id: u64, mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
+/// or shutdown; then closes the whole connection. While the connection is held
+/// ([`Mode::HoldExisting`]) it reads and keeps what comes, and delivers it when
+/// the hold ends.
+fn pump(id: u64, dir: Dir, mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
     let mut buf = vec![0u8; 16 * 1024];
+    // Read while held, not delivered yet.
+    let mut held: Vec<u8> = Vec::new();
+    // `from` ended (EOF or an error) while the connection was held.
+    let mut from_ended = false;
+    // Writing to the client failed on a held connection: what the upstream still sends (answers
+    // to late commands) is read and dropped, so that the upstream can finish them.
+    let mut to_gone = false;
     while !shared.stopped() {
-        let n = match from.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
+        if (from_ended || !held.is_empty()) && !shared.holding(id) {
+            let delivered = to_gone || held.is_empty() || to.write_all(&held).is_ok();
+            shared.held_bytes.fetch_sub(held.len(), Ordering::SeqCst);
+            held = Vec::new();
+            if from_ended {
+                if dir == Dir::Up && delivered {
+                    // Only half: the down pump closes the connection when the upstream has
+                    // answered everything and closes its side.
+                    let _ = to.shutdown(Shutdown::Write);
+                    return;
+                }
+                break;
+            }
+            if !delivered {
+                if dir == Dir::Down {
+                    to_gone = true;
+                } else {
+                    break;
+                }
+            }
+        }
+        if from_ended {
+            if shared.mode() == Mode::Reset {
+                break;
+            }
+            thread::sleep(TICK);
+            continue;
+        }
+        let read = match from.read(&mut buf) {
+            Ok(0) => None,
+            Ok(n) => Some(n),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -285,10 +463,31 @@ fn pump(id: u64, mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
                 }
                 continue;
             }
-            Err(_) => break,
+            Err(_) => None,
         };
+        let Some(n) = read else {
+            if shared.holding(id) {
+                from_ended = true;
+                if dir == Dir::Up {
+                    shared.orphan(id);
+                }
+                continue;
+            }
+            break;
+        };
+        if shared.holding(id) {
+            held.extend_from_slice(&buf[..n]);
+            shared.held_bytes.fetch_add(n, Ordering::SeqCst);
+            if dir == Dir::Up {
+                lock(&shared.held_upstream).extend_from_slice(&buf[..n]);
+            }
+            continue;
+        }
+        if to_gone {
+            continue;
+        }
         match shared.mode() {
-            Mode::Pass => {}
+            Mode::Pass | Mode::HoldExisting(_) => {}
             Mode::Delay(d) => {
                 let until = Instant::now() + d;
                 while !shared.stopped() {
@@ -303,15 +502,20 @@ fn pump(id: u64, mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
                     _ if shared.stopped() => break,
                     Mode::Blackhole => continue,
                     Mode::Reset => break,
-                    Mode::Pass | Mode::Delay(_) => {}
+                    Mode::Pass | Mode::Delay(_) | Mode::HoldExisting(_) => {}
                 }
             }
             Mode::Blackhole => continue,
             Mode::Reset => break,
         }
         if to.write_all(&buf[..n]).is_err() {
+            if dir == Dir::Down && shared.marked(id) {
+                to_gone = true;
+                continue;
+            }
             break;
         }
     }
+    shared.held_bytes.fetch_sub(held.len(), Ordering::SeqCst);
     shared.close(id);
 }
