@@ -10,13 +10,13 @@ use uuid::Uuid;
 
 use crate::config::{Builder, Config};
 use crate::error::{Error, Result};
-use crate::grant::{Grant, NewGrant, HANDOFF_LEASE};
+use crate::grant::{Grant, NewGrant};
 use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
 use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
-use crate::scripts::{self, Acquire, Queue, Released};
+use crate::scripts::{self, Acquire, Queue, Released, HANDOFF_LEASE};
 use crate::token::FencingToken;
 use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake, LOCAL_RUN};
 

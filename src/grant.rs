@@ -91,14 +91,10 @@ struct Lease {
     sent: Instant,
     lease: Duration,
     /// What renewals re-arm: the lease asked for at the grant, or by the last explicit extend.
-    /// More than `lease` after a handoff capped at [`HANDOFF_LEASE`].
+    /// More than `lease` after a handoff capped at `scripts::HANDOFF_LEASE`.
     renew: Duration,
     deadline: Instant,
 }
-
-/// The longest lease a release in another client grants to a waiter of the key's queue in Redis
-/// (`HANDOFF_LEASE` in grant.lua): the waiter's first renewal or extend confirms its own lease.
-pub(crate) const HANDOFF_LEASE: Duration = Duration::from_millis(5000);
 
 /// The local deadline of a lease confirmed by a round trip sent at `sent`.
 pub(crate) fn deadline_of(sent: Instant, lease: Duration) -> Instant {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select, Sender};
 
-use crate::grant::HANDOFF_LEASE;
+use crate::scripts::HANDOFF_LEASE;
 use crate::token::FencingToken;
 
 /// Why a waiter was woken.

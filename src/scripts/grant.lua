@@ -14,7 +14,7 @@ end
 -- How long a release grants the lock to a waiter of its queue: the waiter's own lease, but no more
 -- than this (ms) until the waiter confirms it by extending. A waiter that died while queued then
 -- holds up everyone behind it for at most this long, whatever lease it asked for. The client
--- side has the same number (HANDOFF_LEASE in src/grant.rs).
+-- side has the same number (HANDOFF_LEASE in scripts/mod.rs).
 local HANDOFF_LEASE = 5000
 
 -- Raises the fence counter and returns the new token as a decimal string: the counter after

@@ -31,6 +31,11 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// The longest lease a release grants to a waiter of the key's queue in Redis (`HANDOFF_LEASE`
+/// in grant.lua): the waiter's first renewal or extend confirms its own lease, and a waiter that
+/// died while queued holds the lock no longer than this.
+pub(crate) const HANDOFF_LEASE: Duration = Duration::from_millis(5000);
+
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquire {
