@@ -9,16 +9,18 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use uuid::Uuid;
 
 use crate::config::{Builder, Config};
+use crate::connector::{Connector, Node};
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant};
 use crate::guard::LockGuard;
 use crate::key::{release_channel, LockKeys};
+use crate::listener;
 use crate::options::LockOptions;
 use crate::pool::Pool;
 use crate::renewal::{self, Renewal};
 use crate::scripts::{self, Acquire, Queue, Released, HANDOFF_LEASE};
 use crate::token::FencingToken;
-use crate::wait::{self, Left, Ticket, Waited, Waiters, Wake, LOCAL_RUN};
+use crate::wait::{Left, Ticket, Waited, Waiters, Wake, LOCAL_RUN};
 
 /// A handle to lock keys on one Redis server.
 ///
@@ -79,15 +81,15 @@ impl LockClient {
         Self::builder(url).build()
     }
 
-    pub(crate) fn start(client: redis::Client, config: Config) -> Result<LockClient> {
+    pub(crate) fn start(connector: Arc<Connector>, config: Config) -> Result<LockClient> {
         let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
         let waiters = Arc::new(Waiters::default());
         // One random id per client, a counter per lock call: owner ids never repeat, cost no
         // system call each, and name the channel on which handoffs to this client come.
         let client_id = Uuid::new_v4().simple().to_string();
         let owner_prefix = format!("{client_id}:");
-        wait::spawn_dispatcher(
-            client.clone(),
+        listener::spawn(
+            Arc::clone(&connector),
             release_channel(&config.namespace, &client_id),
             owner_prefix.clone(),
             config.connection_timeout,
@@ -95,7 +97,7 @@ impl LockClient {
         )
         .map_err(thread_error)?;
         let renewal = renewal::spawn(
-            client.clone(),
+            Arc::clone(&connector),
             config.lease,
             config.connection_timeout,
             config.response_timeout,
@@ -104,7 +106,8 @@ impl LockClient {
         Ok(LockClient {
             inner: Arc::new(Inner {
                 pool: Pool::new(
-                    client,
+                    connector,
+                    Node::SINGLE,
                     config.pool_size,
                     config.connection_timeout,
                     config.response_timeout,

@@ -1,6 +1,8 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::LockClient;
+use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::validate_namespace;
 use crate::scripts::ReplicaAcks;
@@ -126,9 +128,9 @@ impl Builder {
     /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if it
     /// does not parse as `redis://`, `redis+unix://` or `unix://`.
     pub fn build(self) -> Result<LockClient> {
-        let client = crate::pool::client(&self.url)?;
+        let connector = Connector::open(&self.url)?;
         self.config.validate()?;
-        LockClient::start(client, self.config)
+        LockClient::start(Arc::new(connector), self.config)
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, Script};
 
+use crate::connector::{Connector, Node};
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
 use crate::pool::Pool;
@@ -86,11 +87,12 @@ impl FencedRedis {
     /// # Errors
     /// [`Error::InvalidArgument`] if the URL does not parse.
     pub fn open(url: &str) -> Result<FencedRedis> {
-        let client = crate::pool::client(url)?;
+        let connector = Arc::new(Connector::open(url)?);
         Ok(FencedRedis {
             namespace: Arc::from(DEFAULT_NAMESPACE),
             pool: Arc::new(Pool::new(
-                client,
+                connector,
+                Node::SINGLE,
                 POOL_SIZE,
                 CONNECTION_TIMEOUT,
                 RESPONSE_TIMEOUT,

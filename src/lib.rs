@@ -114,11 +114,13 @@
 
 mod client;
 mod config;
+mod connector;
 mod error;
 mod fenced;
 mod grant;
 mod guard;
 mod key;
+mod listener;
 mod options;
 mod pool;
 mod reentrant;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use redis::{ConnectionLike, RedisError, Value};
 
+use crate::connector::{Connector, Node};
 use crate::wire;
 
 use crate::error::{Error, Result};
@@ -32,7 +33,8 @@ struct Generations {
 }
 
 pub(crate) struct Manager {
-    client: redis::Client,
+    connector: Arc<Connector>,
+    node: Node,
     connection_timeout: Duration,
     response_timeout: Duration,
     generations: Arc<Generations>,
@@ -43,7 +45,9 @@ impl r2d2::ManageConnection for Manager {
     type Error = redis::RedisError;
 
     fn connect(&self) -> redis::RedisResult<Conn> {
-        let con = connect(&self.client, self.connection_timeout, self.response_timeout)?;
+        let con =
+            self.connector
+                .connect(self.node, self.connection_timeout, self.response_timeout)?;
         let generation = self.generations.made.fetch_add(1, Ordering::Relaxed);
         Ok(Conn {
             con,
@@ -68,31 +72,6 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
-/// A client for `url`, with Nagle's algorithm off on its connections. redis-rs leaves it on,
-/// and then a pipeline that spans several TCP segments (a renewal batch) can wait for a delayed
-/// ACK: batches of a few hundred extends took 100-400 ms on loopback, long enough to lose leases.
-pub(crate) fn client(url: &str) -> Result<redis::Client> {
-    let invalid = |e: redis::RedisError| Error::invalid("url", format!("{e}"));
-    let info = redis::Client::open(url)
-        .map_err(invalid)?
-        .get_connection_info()
-        .clone();
-    let tcp = info.tcp_settings().clone().set_nodelay(true);
-    redis::Client::open(info.set_tcp_settings(tcp)).map_err(invalid)
-}
-
-/// Connects with the connection timeout and arms the response timeout for reads and writes.
-pub(crate) fn connect(
-    client: &redis::Client,
-    connection_timeout: Duration,
-    response_timeout: Duration,
-) -> redis::RedisResult<redis::Connection> {
-    let con = client.get_connection_with_timeout(connection_timeout)?;
-    con.set_read_timeout(Some(response_timeout))?;
-    con.set_write_timeout(Some(response_timeout))?;
-    Ok(con)
-}
-
 /// Logs the pool's background connection failures at debug: callers get them as errors already.
 #[derive(Debug)]
 struct DebugLog;
@@ -103,8 +82,12 @@ impl r2d2::HandleError<redis::RedisError> for DebugLog {
     }
 }
 
+/// The connections to one node: a lock call borrows one, and unlocks of concurrent threads go
+/// out together on one.
 pub(crate) struct Pool {
     pool: r2d2::Pool<Manager>,
+    connector: Arc<Connector>,
+    node: Node,
     generations: Arc<Generations>,
     combining: Mutex<Combining>,
 }
@@ -141,14 +124,16 @@ enum Combined {
 
 impl Pool {
     pub(crate) fn new(
-        client: redis::Client,
+        connector: Arc<Connector>,
+        node: Node,
         size: u32,
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> Pool {
         let generations = Arc::new(Generations::default());
         let manager = Manager {
-            client,
+            connector: Arc::clone(&connector),
+            node,
             connection_timeout,
             response_timeout,
             generations: Arc::clone(&generations),
@@ -162,6 +147,8 @@ impl Pool {
             .build_unchecked(manager);
         Pool {
             pool,
+            connector,
+            node,
             generations,
             combining: Mutex::default(),
         }
@@ -207,7 +194,7 @@ impl Pool {
         for _ in 0..wire::MAX_INTERRUPTS {
             match &result {
                 Err(e) if broke(e) && !reconnected => {
-                    self.retire_all();
+                    self.retire_all(e);
                     drop(conn);
                     conn = self.get()?;
                     reconnected = true;
@@ -229,8 +216,10 @@ impl Pool {
     ) -> Result<T> {
         let mut conn = self.get()?;
         let result = f(&mut conn.con);
-        if result.as_ref().is_err_and(broke) {
-            self.retire_all();
+        if let Err(e) = &result {
+            if broke(e) {
+                self.retire_all(e);
+            }
         }
         finish(&mut conn, result)
     }
@@ -290,8 +279,8 @@ impl Pool {
             let (replies, failed) = wire::exchange_partial(&mut conn.con, &buf, &ends, false);
             // Replies of the batch may be left unread: the connection is not to be reused.
             conn.timed_out = failed.is_some();
-            if failed.as_ref().is_some_and(broke) {
-                self.retire_all();
+            if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
+                self.retire_all(e);
             }
             replies
         });
@@ -321,8 +310,10 @@ impl Pool {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Every connection made so far predates the break we just saw; none is worth a failed call.
-    fn retire_all(&self) {
+    /// Every connection made so far predates the break we just saw (`error`); none is worth a
+    /// failed call.
+    fn retire_all(&self, error: &RedisError) {
+        self.connector.failed(self.node, error);
         let made = self.generations.made.load(Ordering::Relaxed);
         self.generations
             .stale_below

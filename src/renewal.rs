@@ -2,8 +2,9 @@
 //!
 //! Guards register and deregister through an inbox the thread reads whenever it wakes; the
 //! thread sleeps until the next lease is due, then extends every lease that is due, or nearly so, in
-//! pipelines of up to [`BATCH`] owner-checked extend calls: one round trip renews many locks. It
-//! uses a connection of its own, so callers exhausting the pool cannot starve it. A lease that
+//! pipelines of up to [`BATCH`] owner-checked extend calls, one pipeline per node: one round trip
+//! renews many locks. It uses connections of its own, so callers exhausting the pool cannot
+//! starve it. A lease that
 //! Redis reports gone or re-owned, or whose local deadline passes without a confirmed renewal
 //! (Redis unreachable, this thread stalled), is reported lost through its guard's signal.
 //!
@@ -17,13 +18,14 @@
 //! The thread holds no reference to the client: when the client and all its guards are dropped,
 //! the doorbell disconnects and the thread exits.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use crate::connector::{Connector, Node};
 use crate::grant::Grant;
 use crate::scripts;
 
@@ -144,10 +146,11 @@ struct Renewer {
     inbox: Arc<Mutex<Inbox>>,
     /// Longest sleep: a sixth of the client's lease, at most a second.
     idle_wake: Duration,
-    client: redis::Client,
+    connector: Arc<Connector>,
     connection_timeout: Duration,
     response_timeout: Duration,
-    con: Option<redis::Connection>,
+    /// One connection per node, made when first needed and dropped when it fails.
+    cons: HashMap<Node, redis::Connection>,
     held: HashMap<u64, Arc<Grant>>,
     cohorts: HashMap<u64, Cohort>,
     next_cohort: u64,
@@ -160,7 +163,7 @@ struct Renewer {
 }
 
 pub(crate) fn spawn(
-    client: redis::Client,
+    connector: Arc<Connector>,
     lease: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
@@ -170,10 +173,10 @@ pub(crate) fn spawn(
     let renewer = Renewer {
         inbox: Arc::clone(&inbox),
         idle_wake: (lease / 6).clamp(MIN_TIMEOUT, Duration::from_secs(1)),
-        client,
+        connector,
         connection_timeout,
         response_timeout,
-        con: None,
+        cons: HashMap::new(),
         held: HashMap::new(),
         cohorts: HashMap::new(),
         next_cohort: 0,
@@ -373,18 +376,27 @@ impl Renewer {
                 earliest = Some(earliest.map_or(cohort.deadline, |e| e.min(cohort.deadline)));
             }
         }
-        let (Some(earliest), mut due) = (earliest, due.into_iter().peekable()) else {
+        let Some(earliest) = earliest else {
             return;
         };
-        while due.peek().is_some() {
-            let batch: Vec<Arc<Grant>> = due.by_ref().take(BATCH).collect();
-            self.renew(batch, earliest);
+        // A pipeline goes to one node.
+        let mut by_node: BTreeMap<Node, Vec<Arc<Grant>>> = BTreeMap::new();
+        for grant in due {
+            let node = self.connector.node_of(&grant.keys);
+            by_node.entry(node).or_default().push(grant);
+        }
+        for (node, grants) in by_node {
+            let mut grants = grants.into_iter().peekable();
+            while grants.peek().is_some() {
+                let batch: Vec<Arc<Grant>> = grants.by_ref().take(BATCH).collect();
+                self.renew(node, batch, earliest);
+            }
         }
     }
 
-    /// Renews one pipeline's worth of grants, none with a deadline before `earliest`, and files
-    /// each according to its reply.
-    fn renew(&mut self, mut batch: Vec<Arc<Grant>>, earliest: Instant) {
+    /// Renews one pipeline's worth of grants served by `node`, none with a deadline before
+    /// `earliest`, and files each according to its reply.
+    fn renew(&mut self, node: Node, mut batch: Vec<Arc<Grant>>, earliest: Instant) {
         // An earlier batch may have taken long enough for deadlines in this one to pass.
         let now = Instant::now();
         if earliest <= now {
@@ -395,14 +407,15 @@ impl Renewer {
         }
         let sent = Instant::now();
         let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
-        let replies = match self.extend_all(&batch, &leases) {
+        let replies = match self.extend_all(node, &batch, &leases) {
             Ok(replies) => replies,
             Err(e) => {
                 log::debug!(
                     "fencelock: renewing {} lease(s) failed, retrying: {e}",
                     batch.len()
                 );
-                self.con = None;
+                self.cons.remove(&node);
+                self.connector.failed(node, &e);
                 let retry = leases.iter().map(|l| retry_delay(*l)).min();
                 self.file(batch, retry.map(|r| sent + r));
                 return;
@@ -508,7 +521,9 @@ impl Renewer {
         match &reply {
             Err(e) if e.is_io_error() => {
                 if !crate::wire::interrupted(e) {
-                    self.con = None;
+                    let node = self.connector.node_of(&grant.keys);
+                    self.cons.remove(&node);
+                    self.connector.failed(node, e);
                 }
                 // Any of the extends sent may run, now or later: none can shorten the lease, so
                 // the local deadline stands, and renewal (if on) takes its course.
@@ -529,14 +544,16 @@ impl Renewer {
     }
 
     fn extend_once(&mut self, grant: &Arc<Grant>, lease: Duration) -> redis::RedisResult<bool> {
-        let con = self.connection(std::slice::from_ref(grant))?;
+        let node = self.connector.node_of(&grant.keys);
+        let con = self.connection(node, std::slice::from_ref(grant))?;
         scripts::extend(con, &grant.keys, grant.keys.owner(), lease)
     }
 
-    /// One pipeline of extend calls, with a reply per call (`None`: a signal interrupted the
-    /// read of it); loads the script and retries once after NOSCRIPT.
+    /// One pipeline of extend calls to `node`, with a reply per call (`None`: a signal
+    /// interrupted the read of it).
     fn extend_all(
         &mut self,
+        node: Node,
         batch: &[Arc<Grant>],
         leases: &[Duration],
     ) -> redis::RedisResult<Vec<Option<redis::RedisResult<redis::Value>>>> {
@@ -547,22 +564,18 @@ impl Renewer {
             scripts::pack_extend(&mut buf, &grant.keys, grant.keys.owner(), *lease);
             ends.push(buf.len());
         }
-        let result = self.connection(batch).and_then(|con| {
-            let replies = crate::wire::exchange(con, &buf, &ends, true)?;
-            if replies
-                .iter()
-                .any(|r| matches!(r, Some(Err(e)) if scripts::no_script(e)))
-            {
-                scripts::EXTEND.load(con)?;
-                return crate::wire::exchange(con, &buf, &ends, true);
-            }
-            Ok(replies)
-        });
+        let result = self
+            .connection(node, batch)
+            .and_then(|con| scripts::run_pipeline(con, &scripts::EXTEND, &buf, &ends, true));
         self.buf = (buf, ends);
         result
     }
 
-    fn connection(&mut self, batch: &[Arc<Grant>]) -> redis::RedisResult<&mut redis::Connection> {
+    fn connection(
+        &mut self,
+        node: Node,
+        batch: &[Arc<Grant>],
+    ) -> redis::RedisResult<&mut redis::Connection> {
         // A reply is worth waiting for as long as it can save any lease of the batch: until its
         // last deadline. Bounding it by the *first* deadline instead lets one lease that is nearly
         // out shrink the budget of the whole pipeline, which then times out, and every retry has
@@ -576,19 +589,15 @@ impl Renewer {
             .saturating_duration_since(now)
             .max(MIN_TIMEOUT)
             .min(self.response_timeout);
-        let con = match self.con.take() {
+        let con = match self.cons.remove(&node) {
             Some(con) => con,
             None => {
                 let connect_timeout = timeout.min(self.connection_timeout);
-                let mut con = crate::pool::connect(&self.client, connect_timeout, timeout)?;
-                // A restarted server has no scripts: load now, rather than losing a whole
-                // pipeline of extends to NOSCRIPT.
-                scripts::EXTEND.load(&mut con)?;
-                con
+                self.connector.connect(node, connect_timeout, timeout)?
             }
         };
         con.set_read_timeout(Some(timeout))?;
-        Ok(self.con.insert(con))
+        Ok(self.cons.entry(node).or_insert(con))
     }
 }
 

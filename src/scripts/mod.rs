@@ -5,7 +5,8 @@
 //!
 //! Each script is its own file with a header naming KEYS, ARGV and the reply; `docs/design.md`
 //! holds the state table (lock key absent / ours / another's × acquire / extend / release).
-//! Scripts run by EVALSHA; `redis::Script` falls back to loading the script on NOSCRIPT.
+//! Scripts run by EVALSHA; after NOSCRIPT the script is loaded and the call sent again, in one
+//! place ([`loading`]).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -84,7 +85,7 @@ pub(crate) fn acquire(
                 ],
             );
             let ends = [first, buf.len()];
-            let (reply, acked) = both(run_pipeline(con, &ACQUIRE, &buf, &ends)?)?;
+            let (reply, acked) = both(run_pipeline(con, &ACQUIRE, &buf, &ends, false)?)?;
             (reply, Some(redis::from_redis_value(acked)?))
         }
     };
@@ -128,35 +129,55 @@ pub(crate) fn no_script(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// Sends one EVALSHA of `script`; after NOSCRIPT (a restarted or flushed server) loads the
-/// script and sends it again.
+/// Sends one EVALSHA of `script` (see [`loading`]).
 fn run(con: &mut redis::Connection, script: &Script, packed: &[u8]) -> RedisResult<Value> {
-    match wire::call(con, packed) {
-        Err(e) if no_script(&e) => {
-            script.load(con)?;
-            wire::call(con, packed)
-        }
-        other => other,
-    }
+    loading(
+        con,
+        script,
+        |con| wire::call(con, packed),
+        |reply| matches!(reply, Err(e) if no_script(e)),
+    )
 }
 
-/// Like [`run`] for a pipeline (see [`wire::exchange`]) that starts with an EVALSHA of
-/// `script`.
-fn run_pipeline(
+/// Sends a pipeline of calls (see [`wire::exchange`], and `repeat` there) of which those of
+/// `script` are by EVALSHA (see [`loading`]). A pipeline with a `WAIT` must not be repeated
+/// command by command: a `WAIT` must follow what it counts.
+pub(crate) fn run_pipeline(
     con: &mut redis::Connection,
     script: &Script,
     packed: &[u8],
     ends: &[usize],
+    repeat: bool,
 ) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
-    // Not repeated command by command: a WAIT must follow what it counts.
-    let replies = wire::exchange(con, packed, ends, false)?;
-    if let Some(Some(Err(e))) = replies.first() {
-        if no_script(e) {
-            script.load(con)?;
-            return wire::exchange(con, packed, ends, false);
-        }
+    loading(
+        con,
+        script,
+        |con| wire::exchange(con, packed, ends, repeat),
+        |replies| {
+            replies.as_ref().is_ok_and(|replies| {
+                replies
+                    .iter()
+                    .any(|r| matches!(r, Some(Err(e)) if no_script(e)))
+            })
+        },
+    )
+}
+
+/// Sends by `send` and, if `refused` says Redis answered NOSCRIPT (a restarted or flushed
+/// server has no scripts), loads `script` and sends once more. Every script call goes through
+/// here; a refused call did not run, so sending it again is safe.
+fn loading<T>(
+    con: &mut redis::Connection,
+    script: &Script,
+    mut send: impl FnMut(&mut redis::Connection) -> RedisResult<T>,
+    refused: impl Fn(&RedisResult<T>) -> bool,
+) -> RedisResult<T> {
+    let reply = send(con);
+    if !refused(&reply) {
+        return reply;
     }
-    Ok(replies)
+    script.load(con)?;
+    send(con)
 }
 
 /// The two replies of a two-command pipeline; one lost to a signal fails it, and the pool runs
@@ -305,7 +326,13 @@ pub(crate) fn extend_acked(
             Arg::Int(millis(acks.timeout)),
         ],
     );
-    let (reply, acked) = both(run_pipeline(con, &EXTEND, &buf, &[first, buf.len()])?)?;
+    let (reply, acked) = both(run_pipeline(
+        con,
+        &EXTEND,
+        &buf,
+        &[first, buf.len()],
+        false,
+    )?)?;
     Ok((extended(reply)?, redis::from_redis_value(acked)?))
 }
 
