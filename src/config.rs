@@ -1,22 +1,17 @@
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::LockClient;
-use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::validate_namespace;
+use crate::options::validate_lease;
 use crate::scripts::ReplicaAcks;
 
-/// Shortest lease accepted by [`Builder::lease`].
-pub const MIN_LEASE: Duration = Duration::from_millis(10);
-/// Longest lease accepted by [`Builder::lease`].
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 /// Largest pool accepted by [`Builder::pool_size`].
 pub const MAX_POOL_SIZE: u32 = 1024;
 /// Longest connection or response timeout accepted.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
-/// Configures and builds a [`LockClient`]; made by [`LockClient::builder`].
+/// Configures and builds a [`LockClient`](crate::LockClient); made by
+/// [`LockClient::builder`](crate::LockClient::builder).
 ///
 /// Setters only record values; [`build`](Builder::build) validates all of them and reports the
 /// first bad one as [`Error::InvalidArgument`]. Nothing here touches the network.
@@ -78,7 +73,7 @@ impl Builder {
     /// lease/3 while the guard lives, so the lease is the time another client waits after a holder
     /// crashes, not a bound on how long you may hold a lock.
     ///
-    /// Whole milliseconds from [`MIN_LEASE`] (10 ms) to [`MAX_LEASE`] (24 h); a fraction of a
+    /// Whole milliseconds from [`MIN_LEASE`](crate::MIN_LEASE) (10 ms) to [`MAX_LEASE`](crate::MAX_LEASE) (24 h); a fraction of a
     /// millisecond is rejected. Defaults to 30 s.
     pub fn lease(mut self, lease: Duration) -> Builder {
         self.config.lease = lease;
@@ -121,16 +116,9 @@ impl Builder {
         self
     }
 
-    /// Validates every setting and starts the client: its pool, its renewal thread and its
-    /// pub/sub connection. Connections are made lazily, so Redis need not be up yet.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if it
-    /// does not parse as `redis://`, `redis+unix://` or `unix://`.
-    pub fn build(self) -> Result<LockClient> {
-        let connector = Connector::open(&self.url)?;
-        self.config.validate()?;
-        LockClient::start(Arc::new(connector), self.config)
+    /// The URL and the settings, for [`build`](Builder::build).
+    pub(crate) fn into_parts(self) -> (String, Config) {
+        (self.url, self.config)
     }
 }
 
@@ -144,7 +132,8 @@ impl std::fmt::Debug for Builder {
 }
 
 impl Config {
-    fn validate(&self) -> Result<()> {
+    /// Checks every setting; the first one out of range is the error.
+    pub(crate) fn validate(&self) -> Result<()> {
         validate_namespace(&self.namespace)?;
         validate_lease(self.lease)?;
         if self.pool_size == 0 || self.pool_size > MAX_POOL_SIZE {
@@ -174,22 +163,6 @@ impl Config {
         }
         Ok(())
     }
-}
-
-pub(crate) fn validate_lease(lease: Duration) -> Result<()> {
-    if lease < MIN_LEASE || lease > MAX_LEASE {
-        return Err(Error::invalid(
-            "lease",
-            format!("is {lease:?}, allowed are {MIN_LEASE:?} to {MAX_LEASE:?}"),
-        ));
-    }
-    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
-        return Err(Error::invalid(
-            "lease",
-            format!("is {lease:?}; Redis leases are whole milliseconds"),
-        ));
-    }
-    Ok(())
 }
 
 fn validate_timeout(what: &'static str, timeout: Duration) -> Result<()> {

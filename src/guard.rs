@@ -4,17 +4,17 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::client::LockClient;
-use crate::config::validate_lease;
 use crate::error::Result;
 use crate::grant::Grant;
+use crate::locks::Locks;
+use crate::options::validate_lease;
 use crate::token::FencingToken;
 
 /// A held lock. Releases it when dropped; [`unlock`](LockGuard::unlock) releases it and reports
 /// how that went.
 ///
-/// The guard owns what it needs (a clone of its [`LockClient`]), so it has no lifetime and can be
-/// moved to another thread or stored. While it lives, the client's renewal thread keeps its lease
+/// The guard owns what it needs (a share of its client's state), so it has no lifetime and can
+/// be moved to another thread or stored. While it lives, the client's renewal thread keeps its lease
 /// alive; if the lease is lost anyway, [`is_held`](LockGuard::is_held) turns false and
 /// [`lost`](LockGuard::lost) fires.
 ///
@@ -30,23 +30,23 @@ use crate::token::FencingToken;
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
-    client: LockClient,
+    locks: Arc<Locks>,
     grant: Arc<Grant>,
     lost: OnceLock<Receiver<()>>,
     released: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, grant: Arc<Grant>) -> LockGuard {
+    pub(crate) fn new(locks: Arc<Locks>, grant: Arc<Grant>) -> LockGuard {
         LockGuard {
-            client,
+            locks,
             grant,
             lost: OnceLock::new(),
             released: false,
         }
     }
 
-    /// The key this guard holds, as given to [`LockClient::lock`].
+    /// The key this guard holds, as given to [`LockClient::lock`](crate::LockClient::lock).
     pub fn key(&self) -> &str {
         self.grant.keys.user()
     }
@@ -114,7 +114,7 @@ impl LockGuard {
     /// ours; connection errors and timeouts as for any command.
     pub fn extend(&self, lease: Duration) -> Result<()> {
         validate_lease(lease)?;
-        self.client.extend(&self.grant, lease)
+        self.locks.extend(&self.grant, lease)
     }
 
     /// Releases the lock now.
@@ -125,7 +125,7 @@ impl LockGuard {
     /// timeouts as for any command; the lock then expires with its lease, as renewal has stopped.
     pub fn unlock(mut self) -> Result<()> {
         self.released = true;
-        self.client.release(&self.grant)
+        self.locks.release(&self.grant)
     }
 }
 
@@ -139,7 +139,7 @@ impl Drop for LockGuard {
             return;
         }
         // Failures are logged by release(); a guard dropped during a panic must not panic again.
-        let _ = self.client.release(&self.grant);
+        let _ = self.locks.release(&self.grant);
     }
 }
 

@@ -112,6 +112,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod acquire;
 mod client;
 mod config;
 mod connector;
@@ -121,9 +122,11 @@ mod grant;
 mod guard;
 mod key;
 mod listener;
+mod locks;
 mod options;
 mod pool;
 mod reentrant;
+mod release;
 mod renewal;
 mod scripts;
 mod token;
@@ -131,12 +134,12 @@ mod wait;
 mod wire;
 
 pub use crate::client::LockClient;
-pub use crate::config::{Builder, MAX_LEASE, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_LEASE};
+pub use crate::config::{Builder, MAX_POOL_SIZE, MAX_TIMEOUT};
 pub use crate::error::{Error, Result};
 pub use crate::fenced::FencedRedis;
 pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
-pub use crate::options::LockOptions;
+pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
 pub use crate::token::FencingToken;
 

@@ -2,8 +2,12 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::config::validate_lease;
 use crate::error::{Error, Result};
+
+/// Shortest lease accepted by [`Builder::lease`](crate::Builder::lease) and [`LockOptions::lease`].
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+/// Longest lease accepted by [`Builder::lease`](crate::Builder::lease) and [`LockOptions::lease`].
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Settings for one lock call, for [`LockClient::lock_with`](crate::LockClient::lock_with) and
 /// [`try_lock_with`](crate::LockClient::try_lock_with); every setting defaults to the client's.
@@ -82,4 +86,21 @@ impl LockOptions {
         }
         Ok(())
     }
+}
+
+/// Checks a lease: whole milliseconds from [`MIN_LEASE`] to [`MAX_LEASE`].
+pub(crate) fn validate_lease(lease: Duration) -> Result<()> {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(Error::invalid(
+            "lease",
+            format!("is {lease:?}, allowed are {MIN_LEASE:?} to {MAX_LEASE:?}"),
+        ));
+    }
+    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(Error::invalid(
+            "lease",
+            format!("is {lease:?}; Redis leases are whole milliseconds"),
+        ));
+    }
+    Ok(())
 }

@@ -1,0 +1,403 @@
+//! A lock call: check the input, attempt, wait in the key's local queue, take the grant.
+//!
+//! ```text
+//! lock / try_lock ─► prepare ─► acquire_round ─► wait_for_grant ─► take ─► grant ─► LockGuard
+//!                                 (join the local queue; the       (confirm a late
+//!                                  head attempts, the others        handoff with one
+//!                                  wait for a wake)                 extend first)
+//! ```
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, TryRecvError};
+
+use crate::error::{Error, Result};
+use crate::grant::{Grant, NewGrant};
+use crate::guard::LockGuard;
+use crate::key::LockKeys;
+use crate::locks::Locks;
+use crate::options::LockOptions;
+use crate::scripts::{self, Acquire, Queue, HANDOFF_LEASE};
+use crate::token::FencingToken;
+use crate::wait::{Ticket, Waited, Wake, LOCAL_RUN};
+
+impl Locks {
+    /// Checks everything that needs no network: the key, the options, and that this thread does
+    /// not hold the key already.
+    fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
+        let keys = LockKeys::new(&self.config.namespace, key)?;
+        options.validate()?;
+        if self.held_by_this_thread(keys.tag()) {
+            return Err(Error::WouldDeadlock {
+                key: keys.user().to_owned(),
+            });
+        }
+        if options.cancel.as_ref().is_some_and(is_ready) {
+            return Err(Error::Cancelled);
+        }
+        Ok(keys)
+    }
+
+    pub(crate) fn acquire_once(
+        self: &Arc<Self>,
+        key: &str,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let mut keys = self.prepare(key, options)?;
+        self.new_owner(&mut keys);
+        let lease = options.lease.unwrap_or(self.config.lease);
+        let sent = Instant::now();
+        Ok(
+            match self.attempt(&keys, keys.owner(), lease, Queue::Never)? {
+                Acquire::Granted(token) => Some(self.grant(NewGrant {
+                    keys,
+                    token,
+                    sent,
+                    granted: lease,
+                    lease,
+                    auto_renew: !options.no_renewal,
+                    max_hold: options.max_hold,
+                    queued: false,
+                    local_run: 0,
+                })),
+                Acquire::Held(_) => None,
+            },
+        )
+    }
+
+    /// Waits in the key's local queue until granted, `deadline`, or cancelled: at its head it
+    /// attempts when woken, and takes a lock handed to it by a release.
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        loop {
+            match self.acquire_round(key, deadline, options)? {
+                Round::Granted(guard) => return Ok(Some(guard)),
+                Round::Deadline => return Ok(None),
+                Round::Stale => {}
+            }
+        }
+    }
+
+    fn acquire_round(
+        self: &Arc<Self>,
+        key: &str,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+    ) -> Result<Round> {
+        let mut keys = self.prepare(key, options)?;
+        self.new_owner(&mut keys);
+        let owner = keys.owner();
+        let lease = options.lease.unwrap_or(self.config.lease);
+        let mut wait = Wait {
+            joined: Instant::now(),
+            ticket: self.waiters.join(keys.tag(), owner, lease),
+            queued_since: None,
+        };
+        let found = self.wait_for_grant(&keys, owner, lease, deadline, options, &mut wait);
+        if let Ok(Some((token, sent, via))) = found {
+            wait.ticket.leave_granted();
+            return self.take(keys, token, sent, lease, options, via);
+        }
+        // Leaving without a grant; a handoff may have reached us all the same.
+        let earliest = wait.since();
+        let (late, named) = wait.ticket.leave();
+        if let (Some(wake), Ok(None)) = (late, &found) {
+            if let Some((token, since, via)) = handed(wake, earliest) {
+                // Granted before we gave up: better taken than handed on.
+                return self.take(keys, token, since, lease, options, via);
+            }
+        }
+        // Only a waiter in Redis' queue or named by a release can have been handed the lock.
+        if wait.queued_since.is_some() || named {
+            // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
+            // is passed on. On failure, the entry expires by itself.
+            if let Err(e) = self.hand_over(&keys, owner, true, LOCAL_RUN) {
+                log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
+            }
+        }
+        found.map(|_| Round::Deadline)
+    }
+
+    /// The waiting loop of [`acquire`](LockClient::acquire): the token, the lower bound of the
+    /// lease's start and how the lock came, or `None` at `deadline`.
+    fn wait_for_grant(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+        wait: &mut Wait,
+    ) -> Result<Option<(FencingToken, Instant, Via)>> {
+        let mut attempt = wait.ticket.is_head();
+        // When the holder's lease runs out, as reported by our last attempt: a crashed holder
+        // releases nothing, so the head attempts then.
+        let mut holder_expiry: Option<Instant> = None;
+        loop {
+            if attempt {
+                let sent = Instant::now();
+                // Only an owner that may stand in Redis' queue has an entry to take out when
+                // granted: one that attempted before or was named by a release.
+                let join = wait.queued_since.is_none() && !wait.ticket.named();
+                let queue = if join { Queue::Join } else { Queue::Rejoin };
+                // Before sending: if the reply is lost, leaving must still withdraw.
+                wait.queued_since.get_or_insert(sent);
+                match self.attempt(keys, owner, lease, queue)? {
+                    Acquire::Granted(token) => {
+                        // A release that named us while we attempted may have queued us: the
+                        // grant's release then takes the entry out.
+                        let queued = join && wait.ticket.named();
+                        return Ok(Some((token, sent, Via::Attempt { queued })));
+                    }
+                    Acquire::Held(pttl) => {
+                        // A key without expiry was not set by fencelock; look again a lease later.
+                        // Never later than a handoff's lease: the holder may meanwhile have
+                        // handed the lock to a waiter ahead of us that died, whose grant runs out
+                        // after that long without a release to wake us.
+                        let after =
+                            pttl.unwrap_or(lease).min(HANDOFF_LEASE) + Duration::from_millis(1);
+                        holder_expiry = Instant::now().checked_add(after);
+                    }
+                }
+            }
+            attempt = false;
+            let until = deadline.into_iter().chain(holder_expiry).min();
+            match wait.ticket.wait(until, options.cancel.as_ref()) {
+                Waited::Woken(wakes) => {
+                    for wake in wakes {
+                        if let Some(handed) = handed(wake, wait.since()) {
+                            return Ok(Some(handed));
+                        }
+                        match wake {
+                            Wake::Granted { .. } => {}
+                            Wake::Attempt => attempt = true,
+                            Wake::Queued { retry_after, since } => {
+                                wait.queued_since.get_or_insert(since);
+                                holder_expiry = Instant::now()
+                                    .checked_add(retry_after + Duration::from_millis(1));
+                            }
+                        }
+                    }
+                }
+                Waited::Cancelled => return Err(Error::Cancelled),
+                Waited::TimedOut => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    attempt = wait.ticket.is_head();
+                }
+            }
+        }
+    }
+
+    /// Turns a token into a guard. A lock handed over by a release started its lease at some
+    /// unknown moment after `sent`, and Redis set it to `granted` (capped for a handoff from
+    /// Redis' queue). If little of it is left by that count, or it is short of the lease asked
+    /// for while nothing renews it, one extend confirms the lease first, so that the guard
+    /// starts out held rather than lost, and loss is never reported for a lock still ours.
+    fn take(
+        self: &Arc<Self>,
+        keys: LockKeys,
+        token: FencingToken,
+        sent: Instant,
+        lease: Duration,
+        options: &LockOptions,
+        via: Via,
+    ) -> Result<Round> {
+        let (granted, local_run, queued) = match via {
+            Via::Attempt { queued } => (lease, 0, queued),
+            Via::Handoff { granted, local_run } => (granted, local_run, false),
+        };
+        let acks = self.config.replica_acks;
+        // A lease capped for the handoff needs a renewal to reach the lease asked for: confirm it
+        // now when renewal may never come (off, or stopped early by a maximum hold).
+        let capped = granted < lease && (options.no_renewal || options.max_hold.is_some());
+        let confirm = matches!(via, Via::Handoff { .. })
+            && (acks.is_some() || capped || sent.elapsed() > granted / 2);
+        let (sent, granted, acked) = if confirm {
+            // With replica acks: a handoff was written by the releaser, on another connection,
+            // and WAIT counts only what its own connection wrote, so the extend re-arms the
+            // lease on ours and WAITs behind it.
+            let sent = Instant::now();
+            let confirmed = self.pool.run(|con, _| match acks {
+                Some(acks) => scripts::extend_acked(con, &keys, keys.owner(), lease, acks)
+                    .map(|(ours, acked)| (ours, Some(acked))),
+                None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
+            });
+            match confirmed {
+                Ok((true, acked)) => (sent, lease, acked),
+                not_confirmed => {
+                    // No guard will release this grant, and the next waiter of ours is woken
+                    // only by a release or a loss: release it in our name. That frees the lock
+                    // or hands it on if it is still ours (an extend that timed out may have
+                    // run), and wakes our next waiter either way.
+                    if let Err(e) = self.hand_over(&keys, keys.owner(), true, LOCAL_RUN) {
+                        log::warn!(
+                            "fencelock: giving back an unconfirmed handoff of {:?} failed, it \
+                             expires with its lease: {e}",
+                            keys.user()
+                        );
+                    }
+                    not_confirmed?;
+                    // It ran out before we heard of it: wait again.
+                    log::debug!(
+                        "fencelock: a handoff of {:?} (token {token}) came too late to use",
+                        keys.user()
+                    );
+                    return Ok(Round::Stale);
+                }
+            }
+        } else {
+            (sent, granted, None)
+        };
+        let guard = self.grant(NewGrant {
+            keys,
+            token,
+            sent,
+            granted,
+            lease,
+            auto_renew: !options.no_renewal,
+            max_hold: options.max_hold,
+            queued,
+            local_run,
+        });
+        match (acks, acked) {
+            (Some(acks), Some(acked)) if acked < acks.replicas => {
+                let _ = guard.unlock();
+                Err(Error::NotReplicated {
+                    acked,
+                    required: acks.replicas,
+                })
+            }
+            _ => Ok(Round::Granted(guard)),
+        }
+    }
+
+    /// One run of the acquire script (and WAIT, if replica acks are required). `queue`: join
+    /// Redis' queue for the key if the lock is held.
+    fn attempt(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        queue: Queue,
+    ) -> Result<Acquire> {
+        let acks = self.config.replica_acks;
+        self.pool.run(|con, retry| {
+            // A first run may have queued us before its reply was lost: a grant on this run must
+            // take the entry out.
+            let queue = match queue {
+                Queue::Join if retry => Queue::Rejoin,
+                queue => queue,
+            };
+            match scripts::acquire(con, keys, owner, lease, queue, acks) {
+                Err(e) if e.is_timeout() => {
+                    // The script may still run and grant us the lock we are about to report as
+                    // not taken. A release sent on the same connection runs after it, whatever
+                    // it did, and takes us out of the queue. (A retry of the whole closure after
+                    // a broken connection is safe too: the script treats a lock already ours as
+                    // granted.)
+                    let _ = scripts::release(con, keys, owner, true, None);
+                    Err(e)
+                }
+                Err(e) => Err(e),
+                Ok((found, acked)) => match (found, acks, acked) {
+                    (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
+                        // Too few replicas have it, so a failover could lose it: give it back.
+                        scripts::release(con, keys, owner, false, None)?;
+                        Ok(Err(Error::NotReplicated {
+                            acked,
+                            required: acks.replicas,
+                        }))
+                    }
+                    (found, ..) => Ok(Ok(found)),
+                },
+            }
+        })?
+    }
+
+    /// Makes the guard of a grant and hands the grant to the renewal thread.
+    fn grant(self: &Arc<Self>, new: NewGrant) -> LockGuard {
+        let id = self.next_grant.fetch_add(1, Ordering::Relaxed);
+        log::debug!(
+            "fencelock: granted {:?} with token {}",
+            new.keys.user(),
+            new.token
+        );
+        let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&self.waiters)));
+        self.holders()
+            .insert(grant.keys.tag().to_owned(), (id, thread::current().id()));
+        // The renewal thread outlives every guard, so this only fails if it died: then nothing
+        // will renew this lease, and the holder must hear so now, not at the deadline.
+        if !self.renewal.hold(Arc::clone(&grant)) {
+            grant.mark_lost("the renewal thread is gone");
+        }
+        LockGuard::new(Arc::clone(self), grant)
+    }
+}
+
+/// How one round of waiting ended.
+enum Round {
+    Granted(LockGuard),
+    Deadline,
+    /// A handoff reached us too late to be used.
+    Stale,
+}
+
+/// How a waiter came by its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Its own attempt; `queued` if it may still stand in Redis' queue all the same.
+    Attempt { queued: bool },
+    /// A release handed it over, setting the lease to `granted`; see `Grant::local_run`.
+    Handoff { granted: Duration, local_run: u32 },
+}
+
+/// The grant a wake carries, if it is one: its token, the earliest its lease can have started
+/// (`earliest` unless the release that handed it over says), and how it came.
+fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Via)> {
+    match wake {
+        Wake::Granted {
+            token,
+            since,
+            lease,
+            local_run,
+        } => Some((
+            token,
+            since.unwrap_or(earliest),
+            Via::Handoff {
+                granted: lease,
+                local_run,
+            },
+        )),
+        _ => None,
+    }
+}
+
+/// A waiter's state between attempts.
+struct Wait {
+    ticket: Ticket,
+    /// When we first may have entered Redis' queue: our first attempt, or the release of ours
+    /// that queued us. `None`: we never did, unless a release named us (see `Ticket::leave`).
+    queued_since: Option<Instant>,
+    joined: Instant,
+}
+
+impl Wait {
+    /// No handoff from Redis' queue can have reached us before this. Never moved forward: a
+    /// handoff message can arrive late, after later attempts of ours.
+    fn since(&self) -> Instant {
+        self.queued_since.unwrap_or(self.joined)
+    }
+}
+
+fn is_ready(cancel: &Receiver<()>) -> bool {
+    !matches!(cancel.try_recv(), Err(TryRecvError::Empty))
+}

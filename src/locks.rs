@@ -1,0 +1,103 @@
+//! The state one client shares among its lock calls, its guards and its threads.
+//!
+//! [`LockClient`](crate::LockClient) is the public face of a `Locks`; every guard holds a share
+//! of it, as `lock_api` guards hold their raw lock, so that releasing and extending go to the
+//! layer below the facade. The work on it lives in files that name it:
+//!
+//! - `acquire.rs`: a lock call — attempt, wait in the key's local queue, take a grant;
+//! - `release.rs`: release, handoff to the next waiter, explicit extend;
+//! - `renewal.rs`, `listener.rs`: the two threads that serve every grant of the client.
+//!
+//! Lock order: the holders map, the local queues (`wait.rs`), a grant's lease state and the
+//! renewal inbox are each taken alone, never one inside another, except that the local queues'
+//! lock is held while a waiter's `left` flag is read or set.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, ThreadId};
+
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::connector::{Connector, Node};
+use crate::error::{Error, Result};
+use crate::key::{release_channel, LockKeys};
+use crate::listener;
+use crate::pool::Pool;
+use crate::renewal::{self, Renewal};
+use crate::wait::Waiters;
+
+/// One client's shared state: see the module docs.
+pub(crate) struct Locks {
+    pub(crate) config: Config,
+    /// Every owner id of this client starts with this: a random id for the client, and `:`.
+    pub(crate) owner_prefix: String,
+    pub(crate) next_owner: AtomicU64,
+    /// Which grant, taken by which thread, holds each key this client holds: the deadlock check.
+    pub(crate) holders: Mutex<HashMap<String, (u64, ThreadId)>>,
+    pub(crate) pool: Pool,
+    pub(crate) waiters: Arc<Waiters>,
+    pub(crate) renewal: Renewal,
+    pub(crate) next_grant: AtomicU64,
+}
+
+impl Locks {
+    /// Starts a client's threads (the release channel's listener and renewal) and its pool.
+    pub(crate) fn start(connector: Arc<Connector>, config: Config) -> Result<Arc<Locks>> {
+        let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
+        let waiters = Arc::new(Waiters::default());
+        // One random id per client, a counter per lock call: owner ids never repeat, cost no
+        // system call each, and name the channel on which handoffs to this client come.
+        let client_id = Uuid::new_v4().simple().to_string();
+        let owner_prefix = format!("{client_id}:");
+        listener::spawn(
+            Arc::clone(&connector),
+            release_channel(&config.namespace, &client_id),
+            owner_prefix.clone(),
+            config.connection_timeout,
+            Arc::downgrade(&waiters),
+        )
+        .map_err(thread_error)?;
+        let renewal = renewal::spawn(
+            Arc::clone(&connector),
+            config.lease,
+            config.connection_timeout,
+            config.response_timeout,
+        )
+        .map_err(thread_error)?;
+        Ok(Arc::new(Locks {
+            pool: Pool::new(
+                connector,
+                Node::SINGLE,
+                config.pool_size,
+                config.connection_timeout,
+                config.response_timeout,
+            ),
+            config,
+            owner_prefix,
+            next_owner: AtomicU64::new(0),
+            waiters,
+            renewal,
+            next_grant: AtomicU64::new(0),
+            holders: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// A fresh owner id for every lock call: never reused, and not derivable from the key.
+    pub(crate) fn new_owner(&self, keys: &mut LockKeys) {
+        let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
+        keys.set_owner(&self.owner_prefix, n);
+    }
+
+    pub(crate) fn holders(&self) -> MutexGuard<'_, HashMap<String, (u64, ThreadId)>> {
+        self.holders.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the calling thread took `tag` through this client and still holds the guard.
+    pub(crate) fn held_by_this_thread(&self, tag: &str) -> bool {
+        self.holders()
+            .get(tag)
+            .is_some_and(|(_, thread)| *thread == thread::current().id())
+    }
+}

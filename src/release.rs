@@ -1,0 +1,223 @@
+//! Giving a lock up: release (compare-and-delete, or compare-and-hand-over to the next waiter)
+//! and explicit extend. A guard calls these on its client's [`Locks`].
+//!
+//! ```text
+//! LockGuard::unlock / drop ─► release ─► hand_over ─► release.lua ─► the next waiter:
+//!                                                     ours: a wake on its ticket (wait.rs)
+//!                                                     another client's: PUBLISH (listener.rs)
+//! ```
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+
+use crate::error::{Error, Result};
+use crate::grant::Grant;
+use crate::key::LockKeys;
+use crate::locks::Locks;
+use crate::scripts::{self, Released};
+use crate::wait::{Left, Wake, LOCAL_RUN};
+
+impl Locks {
+    /// Re-arms a grant's lease to `lease`, through the renewal thread's connection.
+    pub(crate) fn extend(&self, grant: &Arc<Grant>, lease: Duration) -> Result<()> {
+        let lost = || Error::LockLost {
+            key: grant.keys.user().to_owned(),
+        };
+        if !grant.is_held() {
+            return Err(lost());
+        }
+        let answer = self.renewal.extend(Arc::clone(grant), lease);
+        // The renewal thread bounds each of its round trips by the response timeout; allow for
+        // one renewal batch ahead of ours.
+        let patience = self.config.response_timeout * 3 + self.config.connection_timeout;
+        match answer.recv_timeout(patience) {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(lost()),
+            Ok(Err(e)) => Err(Error::from_redis(e)),
+            // The thread is gone, and with it every lease it kept: see Renewer's Drop.
+            Err(RecvTimeoutError::Disconnected) => Err(lost()),
+            Err(RecvTimeoutError::Timeout) => Err(Error::Connection(
+                "the renewal thread did not answer in time".into(),
+            )),
+        }
+    }
+
+    /// Releases a grant: stops its renewal, then compare-and-delete, or compare-and-hand-over
+    /// to the next waiter. Logs failures at warn, so `Drop` can stay silent.
+    pub(crate) fn release(&self, grant: &Grant) -> Result<()> {
+        let was_held = grant.is_held();
+        grant.end();
+        self.renewal.forget(grant.id);
+        {
+            let mut holders = self.holders();
+            if holders
+                .get(grant.keys.tag())
+                .is_some_and(|(id, _)| *id == grant.id)
+            {
+                holders.remove(grant.keys.tag());
+            }
+        }
+        let user = grant.keys.user();
+        let (released, reply_lost) = match self.hand_over(
+            &grant.keys,
+            grant.keys.owner(),
+            grant.queued,
+            grant.local_run,
+        ) {
+            Ok(found) => found,
+            Err(e) => {
+                log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
+                return Err(e);
+            }
+        };
+        match released {
+            Released::Freed | Released::HandedOver { .. } => {
+                log::debug!("fencelock: released {user:?} (token {})", grant.token);
+                Ok(())
+            }
+            // The first run may have deleted the key before its connection broke: if we still
+            // held the lock then, that is the likelier story. Either way nothing of anyone else's
+            // was touched. A lock already known lost stays reported as lost.
+            Released::NotOurs if reply_lost && was_held => {
+                log::debug!(
+                    "fencelock: released {user:?} (token {}) on a retry",
+                    grant.token
+                );
+                Ok(())
+            }
+            Released::NotOurs => {
+                if grant.mark_lost("it was no longer ours at release") {
+                    log::warn!(
+                        "fencelock: {user:?} (token {}) was no longer ours at release",
+                        grant.token
+                    );
+                }
+                Err(Error::LockLost {
+                    key: user.to_owned(),
+                })
+            }
+        }
+    }
+
+    /// Runs the release script for `owner` (a holder's release, or with `withdraw` a waiter
+    /// leaving the queue), naming this client's next waiter for the key, and tells that waiter
+    /// what became of it. Returns what the script found for `owner`, and whether its first
+    /// reply was lost to a broken connection (so it ran again).
+    pub(crate) fn hand_over(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        withdraw: bool,
+        local_run: u32,
+    ) -> Result<(Released, bool)> {
+        let mut first = None;
+        // After the first run, each run gives back a handoff to a waiter of ours that left
+        // before hearing of it, or takes such a waiter out of Redis' queue, in its name; those
+        // serve Redis' queue first.
+        let mut runs = vec![(owner.to_owned(), withdraw, local_run)];
+        for _ in 0..MAX_HANDOVERS {
+            let Some((owner, withdraw, local_run)) = runs.pop() else {
+                break;
+            };
+            let next = self.waiters.next(keys.tag());
+            // Our own waiter goes before other clients' only so many times in a row.
+            let ahead = local_run < LOCAL_RUN;
+            let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), ahead));
+            let sent = Instant::now();
+            let mut reply_lost = false;
+            let released = self.pool.run_combined(
+                scripts::pack_release(keys, &owner, withdraw, next_ref),
+                |reply| scripts::released(reply, keys),
+                |con, retry| {
+                    reply_lost |= retry;
+                    scripts::release(con, keys, &owner, withdraw, next_ref)
+                },
+            );
+            let released = match released {
+                Ok(released) => released,
+                Err(e) => {
+                    // Whatever happened, the key may be free for our next waiter. A handoff we
+                    // could not give back expires with its waiter's lease.
+                    self.waiters.wake_head(keys.tag());
+                    match first {
+                        None => return Err(e),
+                        Some(_) => {
+                            log::warn!("fencelock: giving back a handoff failed: {e}");
+                            break;
+                        }
+                    }
+                }
+            };
+            match (&released, next) {
+                (
+                    Released::HandedOver {
+                        token,
+                        owner: to,
+                        lease,
+                    },
+                    Some(next),
+                ) if to == next.owner() => {
+                    let wake = Wake::Granted {
+                        token: *token,
+                        since: Some(sent),
+                        lease: *lease,
+                        // Without the go-ahead, Redis' queue was empty: nobody was passed over.
+                        local_run: if ahead { local_run + 1 } else { 0 },
+                    };
+                    match self.waiters.deliver_to(&next, wake) {
+                        // The lock is the scarce resource: let its new holder run now rather
+                        // than queue behind the rest of our unlock on this core (on a busy
+                        // machine the scheduler tends to put a woken thread there).
+                        Ok(()) => thread::yield_now(),
+                        // It left, maybe after leaving Redis' queue too: give the lock back.
+                        Err(Left::Empty) => runs.push((to.clone(), false, LOCAL_RUN)),
+                        Err(Left::Granted) => {}
+                    }
+                }
+                (
+                    Released::HandedOver {
+                        token,
+                        owner: to,
+                        lease,
+                    },
+                    next,
+                ) => {
+                    if to.starts_with(&self.owner_prefix) {
+                        // One of ours that queued in Redis: if it left meanwhile, its leaving
+                        // gives the lock back.
+                        let wake = Wake::Granted {
+                            token: *token,
+                            since: Some(sent),
+                            lease: *lease,
+                            local_run: 0,
+                        };
+                        self.waiters.deliver(keys.tag(), to, wake);
+                    }
+                    if let Some(next) = next {
+                        // The script put it in Redis' queue behind `to`.
+                        let wake = Wake::Queued {
+                            retry_after: *lease,
+                            since: sent,
+                        };
+                        if let Err(Left::Empty) = self.waiters.deliver_to(&next, wake) {
+                            runs.push((next.owner().to_owned(), true, LOCAL_RUN));
+                        }
+                    }
+                }
+                (Released::NotOurs | Released::Freed, next) => {
+                    if next.is_some() {
+                        self.waiters.wake_head(keys.tag());
+                    }
+                }
+            }
+            first.get_or_insert((released, reply_lost));
+        }
+        first.ok_or_else(|| Error::Connection("no release was attempted".into()))
+    }
+}
+
+/// Bounds the rounds of one release: see [`Locks::hand_over`].
+const MAX_HANDOVERS: usize = 64;
