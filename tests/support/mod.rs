@@ -1,12 +1,13 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 //! Test support: a throw-away `redis-server` per test, a child-process helper
-//! (for lock holders in another process), a lock-hold history checker and a
-//! loopback TCP fault proxy.
+//! (for lock holders in another process), a lock-hold history checker, a
+//! loopback TCP fault proxy and the fault-injection tests' shared helpers.
 //!
 //! Included from integration tests with `mod support;` and from benches with
 //! `#[path = "../tests/support/mod.rs"] mod support;`.
 
+pub mod faults;
 pub mod history;
 pub mod proxy;
 pub mod soak;
