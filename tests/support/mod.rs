@@ -515,7 +515,6 @@ fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
 /// example) must get `FENCELOCK_NAMESPACE=test` to contend with them.
 pub const NAMESPACE: &str = "test";
 
-/// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of
 /// The Redis lock key of `key` under [`NAMESPACE`] (test keys need no escaping).
 pub fn lock_key(key: &str) -> String {
     format!("{NAMESPACE}:lock:{{{key}}}")
@@ -531,6 +530,7 @@ pub fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(lock_key(key)).query(con).unwrap()
 }
 
+/// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of
 /// `lease_ms` milliseconds. Panics if the builder rejects it.
 pub fn lock_client(server: &RedisServer, lease_ms: u64) -> fencelock::LockClient {
     lock_client_at(&server.url(), lease_ms)
