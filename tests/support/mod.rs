@@ -1,12 +1,13 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 //! Test support: a throw-away `redis-server` per test, a child-process helper
-//! (for lock holders in another process), a lock-hold history checker and a
-//! loopback TCP fault proxy.
+//! (for lock holders in another process), a lock-hold history checker, a
+//! loopback TCP fault proxy and the fault-injection tests' shared helpers.
 //!
 //! Included from integration tests with `mod support;` and from benches with
 //! `#[path = "../tests/support/mod.rs"] mod support;`.
 
+pub mod faults;
 pub mod history;
 pub mod proxy;
 pub mod soak;
@@ -514,7 +515,6 @@ fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
 /// example) must get `FENCELOCK_NAMESPACE=test` to contend with them.
 pub const NAMESPACE: &str = "test";
 
-/// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of
 /// The Redis lock key of `key` under [`NAMESPACE`] (test keys need no escaping).
 pub fn lock_key(key: &str) -> String {
     format!("{NAMESPACE}:lock:{{{key}}}")
@@ -530,6 +530,7 @@ pub fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(lock_key(key)).query(con).unwrap()
 }
 
+/// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of
 /// `lease_ms` milliseconds. Panics if the builder rejects it.
 pub fn lock_client(server: &RedisServer, lease_ms: u64) -> fencelock::LockClient {
     lock_client_at(&server.url(), lease_ms)
