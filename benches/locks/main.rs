@@ -1,0 +1,147 @@
+//! fencelock benchmarks: round trips, handoff, contention, a thread pool, renewal at scale.
+//!
+//! ```text
+//! cargo bench --bench locks                       # everything (about 75 s)
+//! cargo bench --bench locks -- handoff            # only benchmarks whose name contains "handoff"
+//! cargo bench --bench locks -- contention T=8 W_US=0
+//! BENCH_T=8 BENCH_D_MS=2000 cargo bench --bench locks -- contention
+//! ```
+//!
+//! Each run starts its own `redis-server` on a free loopback port (never the one on 6379) and
+//! first measures a PING and a no-op EVALSHA (`return 1`) round trip on a plain connection; every
+//! latency below is also printed as a ratio to that EVALSHA round trip (p50, "RT"). Targets are
+//! checked and printed as PASS/MISS; they are informational, the exit code is 0 regardless. A
+//! markdown table of every result closes the output (docs/benchmarks.md keeps the latest).
+//!
+//! On a small VM one loopback round trip takes 1× or 2-3× as long depending on whether the
+//! client thread and redis-server run on one core or two, and a round trip that wakes an idle
+//! machine takes several times longer again. So the targets that compare with a round trip use
+//! one measured in the same conditions where that matters: lock + unlock against two no-op
+//! EVALSHA from the same thread just before it, and handoff against the same handoff done on
+//! plain connections. Each benchmark also prints how much CPU other processes and the hypervisor
+//! (steal) took meanwhile: results from a busy machine are not comparable.
+//!
+//! Benchmarks (names for the filter arguments):
+//!
+//! - `rtt`: PING and no-op EVALSHA round trips (always measured: everything is relative to it);
+//! - `uncontended`: `lock` + `unlock` from one thread over many keys;
+//! - `handoff`: a holder releases while one waiter is blocked in `lock()`: release-to-grant
+//!   latency, fencelock (waiter on another client, and on the same client), the same handoff on
+//!   plain connections (release script with PUBLISH, waiter on its own SUBSCRIBE connection,
+//!   then one acquire script: the physical limit), and the baseline;
+//! - `contention`: T threads over C clients on one key, critical section S, think time W; runs
+//!   with W, with no think time, 1 ms critical sections back to back, and the baseline;
+//! - `pool`: N workers take jobs, each locks one of K keys and does a short fenced write;
+//!   compared with the EVALSHA rate Redis sustains from N threads in the same run;
+//! - `renewal`: R locks held for several lease periods: round trips per renewal tick, CPU
+//!   time of the renewal thread, client heap per held lock.
+//!
+//! The baseline is the common hand-written lock: `SET key owner NX PX 30000`, on failure
+//! sleep 100 ms and retry; release by a compare-and-delete script.
+//!
+//! Parameters: an argument `KEY=VALUE` or the environment variable `BENCH_KEY` (the argument
+//! wins). Unknown `--flags` (cargo passes `--bench`) are ignored.
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `T` | 16 | contention: threads |
+//! | `C` | 2 | contention: clients the threads are spread over |
+//! | `S_US` | 100 | contention: critical section, µs (a sleep) |
+//! | `W_US` | 1000 | contention: think time between acquisitions, µs (a sleep) |
+//! | `D_MS` | 5000 | duration of each contention run and of each half of `pool`, ms |
+//! | `BASE_D_MS` | 10000 | duration of each baseline contention run, ms |
+//! | `N` | 32 | pool: worker threads |
+//! | `K` | 10000 | pool: keys |
+//! | `P` | N | pool: the client's connection pool size |
+//! | `U` | 5000 | uncontended: lock + unlock iterations |
+//! | `H` | 300 | handoff: fencelock samples (per variant) |
+//! | `HB` | 60 | handoff: baseline samples (each waits up to 100 ms) |
+//! | `R` | 10000 | renewal: locks held |
+//! | `LEASE_MS` | 3000 | renewal: lease of the held locks, ms (renewal every lease/3) |
+//! | `LEASES` | 4 | renewal: how many lease periods the locks are held |
+//! | `RTT` | 10000 | samples of each round-trip baseline |
+//!
+//! How things are measured is told where it is done:
+//!
+//! - `stats`: percentiles and the rest of the arithmetic on samples;
+//! - `measure`: CPU time (the process, redis-server, single threads), what else ran on the machine
+//!   (other processes, steal), client heap (a counting global allocator) and VmRSS;
+//! - `report`: ratios to the round trip, the PASS/MISS lines and the closing table;
+//! - `server`: the throwaway redis-server and what is read from it (`INFO`);
+//! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
+//! - `params`: the parameters above;
+//! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
+//!   and `baseline` (the hand-written lock they compare with).
+
+mod baseline;
+mod contention;
+mod handoff;
+mod measure;
+mod params;
+mod pool;
+mod proxy;
+mod renewal;
+mod report;
+mod resp;
+mod rtt;
+mod server;
+mod stats;
+mod uncontended;
+
+use std::thread;
+use std::time::Instant;
+
+use params::Params;
+use server::RedisServer;
+
+/// Counts the client's heap for `renewal`; otherwise `System` as is.
+#[global_allocator]
+static ALLOC: measure::CountingAlloc = measure::CountingAlloc;
+
+fn machine() -> String {
+    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} CPUs, {model}")
+}
+
+fn main() {
+    let p = Params::parse();
+    let started = Instant::now();
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let version = server::info_value(&mut con, "server", "redis_version").unwrap_or("?".into());
+    println!(
+        "fencelock benchmarks: {}; redis-server {version}",
+        machine()
+    );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    println!("load average at start: {}", load.join(" "));
+
+    let mut r = rtt::run_first(&server, &p, &load.join(" "));
+    if p.selected("uncontended") {
+        uncontended::run(&server, &p, &mut r);
+    }
+    if p.selected("handoff") {
+        handoff::run(&server, &p, &mut r);
+    }
+    if p.selected("contention") {
+        contention::run(&server, &p, &mut r);
+    }
+    if p.selected("pool") {
+        pool::run(&server, &p, &mut r);
+    }
+    if p.selected("renewal") {
+        renewal::run(&server, &p, &mut r);
+    }
+    rtt::run_again(&server, &p, &mut r);
+
+    r.close(started.elapsed());
+}
