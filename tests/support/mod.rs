@@ -5,7 +5,7 @@
 //! loopback TCP fault proxy and the fault-injection tests' shared helpers.
 //!
 //! Included from integration tests with `mod support;` and from benches with
-//! `#[path = "../tests/support/mod.rs"] mod support;`.
+//! `#[path = "../../tests/support/mod.rs"] mod support;` (in `benches/locks/server.rs`).
 
 pub mod faults;
 pub mod history;
