@@ -20,7 +20,8 @@ use crate::guard::LockGuard;
 use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::options::LockOptions;
-use crate::scripts::{self, Acquire, Queue, HANDOFF_LEASE};
+use crate::pool::Run;
+use crate::scripts::{self, Acquire, JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
 use crate::wait::{Ticket, Waited, Wake, LOCAL_RUN};
 
@@ -51,7 +52,7 @@ impl Locks {
         let lease = options.lease.unwrap_or(self.config.lease);
         let sent = Instant::now();
         Ok(
-            match self.attempt(&keys, keys.owner(), lease, Queue::Never)? {
+            match self.attempt(&keys, keys.owner(), lease, JoinQueue::Never)? {
                 Acquire::Granted(token) => Some(self.grant(NewGrant {
                     keys,
                     token,
@@ -80,7 +81,7 @@ impl Locks {
             match self.acquire_round(key, deadline, options)? {
                 Round::Granted(guard) => return Ok(Some(guard)),
                 Round::Deadline => return Ok(None),
-                Round::Stale => {}
+                Round::TooLate => {}
             }
         }
     }
@@ -101,24 +102,24 @@ impl Locks {
             queued_since: None,
         };
         let found = self.wait_for_grant(&keys, owner, lease, deadline, options, &mut wait);
-        if let Ok(Some((token, sent, via))) = found {
+        if let Ok(Some((token, sent, granted_by))) = found {
             wait.ticket.leave_granted();
-            return self.take(keys, token, sent, lease, options, via);
+            return self.take(keys, token, sent, lease, options, granted_by);
         }
         // Leaving without a grant; a handoff may have reached us all the same.
         let earliest = wait.since();
         let (late, named) = wait.ticket.leave();
         if let (Some(wake), Ok(None)) = (late, &found) {
-            if let Some((token, since, via)) = handed(wake, earliest) {
+            if let Some((token, since, granted_by)) = handed(wake, earliest) {
                 // Granted before we gave up: better taken than handed on.
-                return self.take(keys, token, since, lease, options, via);
+                return self.take(keys, token, since, lease, options, granted_by);
             }
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
         if wait.queued_since.is_some() || named {
             // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
             // is passed on. On failure, the entry expires by itself.
-            if let Err(e) = self.hand_over(&keys, owner, true, LOCAL_RUN) {
+            if let Err(e) = self.hand_over(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN) {
                 log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
             }
         }
@@ -135,7 +136,7 @@ impl Locks {
         deadline: Option<Instant>,
         options: &LockOptions,
         wait: &mut Wait,
-    ) -> Result<Option<(FencingToken, Instant, Via)>> {
+    ) -> Result<Option<(FencingToken, Instant, GrantedBy)>> {
         let mut attempt = wait.ticket.is_head();
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
         // releases nothing, so the head attempts then.
@@ -146,7 +147,11 @@ impl Locks {
                 // Only an owner that may stand in Redis' queue has an entry to take out when
                 // granted: one that attempted before or was named by a release.
                 let join = wait.queued_since.is_none() && !wait.ticket.named();
-                let queue = if join { Queue::Join } else { Queue::Rejoin };
+                let queue = if join {
+                    JoinQueue::Join
+                } else {
+                    JoinQueue::Rejoin
+                };
                 // Before sending: if the reply is lost, leaving must still withdraw.
                 wait.queued_since.get_or_insert(sent);
                 match self.attempt(keys, owner, lease, queue)? {
@@ -154,7 +159,7 @@ impl Locks {
                         // A release that named us while we attempted may have queued us: the
                         // grant's release then takes the entry out.
                         let queued = join && wait.ticket.named();
-                        return Ok(Some((token, sent, Via::Attempt { queued })));
+                        return Ok(Some((token, sent, GrantedBy::Attempt { queued })));
                     }
                     Acquire::Held(pttl) => {
                         // A key without expiry was not set by fencelock; look again a lease later.
@@ -209,17 +214,17 @@ impl Locks {
         sent: Instant,
         lease: Duration,
         options: &LockOptions,
-        via: Via,
+        granted_by: GrantedBy,
     ) -> Result<Round> {
-        let (granted, local_run, queued) = match via {
-            Via::Attempt { queued } => (lease, 0, queued),
-            Via::Handoff { granted, local_run } => (granted, local_run, false),
+        let (granted, local_run, queued) = match granted_by {
+            GrantedBy::Attempt { queued } => (lease, 0, queued),
+            GrantedBy::Handoff { granted, local_run } => (granted, local_run, false),
         };
         let acks = self.config.replica_acks;
         // A lease capped for the handoff needs a renewal to reach the lease asked for: confirm it
         // now when renewal may never come (off, or stopped early by a maximum hold).
         let capped = granted < lease && (options.no_renewal || options.max_hold.is_some());
-        let confirm = matches!(via, Via::Handoff { .. })
+        let confirm = matches!(granted_by, GrantedBy::Handoff { .. })
             && (acks.is_some() || capped || sent.elapsed() > granted / 2);
         let (sent, granted, acked) = if confirm {
             // With replica acks: a handoff was written by the releaser, on another connection,
@@ -238,7 +243,9 @@ impl Locks {
                     // only by a release or a loss: release it in our name. That frees the lock
                     // or hands it on if it is still ours (an extend that timed out may have
                     // run), and wakes our next waiter either way.
-                    if let Err(e) = self.hand_over(&keys, keys.owner(), true, LOCAL_RUN) {
+                    if let Err(e) =
+                        self.hand_over(&keys, keys.owner(), Leaving::QueueAndLock, LOCAL_RUN)
+                    {
                         log::warn!(
                             "fencelock: giving back an unconfirmed handoff of {:?} failed, it \
                              expires with its lease: {e}",
@@ -251,7 +258,7 @@ impl Locks {
                         "fencelock: a handoff of {:?} (token {token}) came too late to use",
                         keys.user()
                     );
-                    return Ok(Round::Stale);
+                    return Ok(Round::TooLate);
                 }
             }
         } else {
@@ -287,14 +294,14 @@ impl Locks {
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
-        queue: Queue,
+        queue: JoinQueue,
     ) -> Result<Acquire> {
         let acks = self.config.replica_acks;
-        self.pool.run(|con, retry| {
+        self.pool.run(|con, run| {
             // A first run may have queued us before its reply was lost: a grant on this run must
             // take the entry out.
             let queue = match queue {
-                Queue::Join if retry => Queue::Rejoin,
+                JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
                 queue => queue,
             };
             match scripts::acquire(con, keys, owner, lease, queue, acks) {
@@ -304,14 +311,14 @@ impl Locks {
                     // it did, and takes us out of the queue. (A retry of the whole closure after
                     // a broken connection is safe too: the script treats a lock already ours as
                     // granted.)
-                    let _ = scripts::release(con, keys, owner, true, None);
+                    let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
                     Err(e)
                 }
                 Err(e) => Err(e),
                 Ok((found, acked)) => match (found, acks, acked) {
                     (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
                         // Too few replicas have it, so a failover could lose it: give it back.
-                        scripts::release(con, keys, owner, false, None)?;
+                        scripts::release(con, keys, owner, Leaving::Lock, None)?;
                         Ok(Err(Error::NotReplicated {
                             acked,
                             required: acks.replicas,
@@ -348,12 +355,12 @@ enum Round {
     Granted(LockGuard),
     Deadline,
     /// A handoff reached us too late to be used.
-    Stale,
+    TooLate,
 }
 
 /// How a waiter came by its lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via {
+enum GrantedBy {
     /// Its own attempt; `queued` if it may still stand in Redis' queue all the same.
     Attempt { queued: bool },
     /// A release handed it over, setting the lease to `granted`; see `Grant::local_run`.
@@ -362,7 +369,7 @@ enum Via {
 
 /// The grant a wake carries, if it is one: its token, the earliest its lease can have started
 /// (`earliest` unless the release that handed it over says), and how it came.
-fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Via)> {
+fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, GrantedBy)> {
     match wake {
         Wake::Granted {
             token,
@@ -372,7 +379,7 @@ fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Via)>
         } => Some((
             token,
             since.unwrap_or(earliest),
-            Via::Handoff {
+            GrantedBy::Handoff {
                 granted: lease,
                 local_run,
             },

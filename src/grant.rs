@@ -37,7 +37,7 @@ pub(crate) struct Grant {
     /// when the grant is lost.
     lost_tx: Mutex<Option<Sender<()>>>,
     /// Where the renewal thread files the grant; only that thread uses it.
-    pub(crate) place: Place,
+    pub(crate) place: CohortSlot,
     /// The client's waiters: a thread of ours queued for this key waits for our release, which
     /// hands the lock to it; if the lock is lost instead, the loss wakes it to ask Redis.
     waiters: Weak<Waiters>,
@@ -45,28 +45,28 @@ pub(crate) struct Grant {
 
 /// The renewal thread's cohort of a grant and its index there. Atomics only so that `Grant` stays
 /// `Sync`: one thread reads and writes them, so relaxed is enough.
-pub(crate) struct Place {
+pub(crate) struct CohortSlot {
     cohort: AtomicU64,
     index: AtomicUsize,
 }
 
-impl Default for Place {
-    fn default() -> Place {
-        Place {
-            cohort: AtomicU64::new(Place::NONE),
+impl Default for CohortSlot {
+    fn default() -> CohortSlot {
+        CohortSlot {
+            cohort: AtomicU64::new(CohortSlot::NONE),
             index: AtomicUsize::new(0),
         }
     }
 }
 
-impl Place {
+impl CohortSlot {
     /// Not filed (yet, or any more); no cohort has this id.
     pub(crate) const NONE: u64 = u64::MAX;
 
     /// Where the grant was filed, and it is not filed any more.
     pub(crate) fn take(&self) -> (u64, usize) {
         (
-            self.cohort.swap(Place::NONE, Ordering::Relaxed),
+            self.cohort.swap(CohortSlot::NONE, Ordering::Relaxed),
             self.index.load(Ordering::Relaxed),
         )
     }
@@ -154,7 +154,7 @@ impl Grant {
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_tx: Mutex::new(None),
-            place: Place::default(),
+            place: CohortSlot::default(),
             waiters,
         }
     }

@@ -14,9 +14,19 @@ use crossbeam_channel::Sender;
 use redis::{ConnectionLike, RedisError, Value};
 
 use crate::connector::{Connector, Node};
-use crate::wire;
+use crate::wire::{self, Interrupted};
 
 use crate::error::{Error, Result};
+
+/// Which run of a call a [`Pool::run`] closure makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Run {
+    /// The first: nothing of it can have reached Redis yet.
+    First,
+    /// Another: an earlier run may have taken effect before its connection broke or its reply
+    /// was cut short.
+    Retry,
+}
 
 pub(crate) struct Conn {
     pub(crate) con: redis::Connection,
@@ -172,24 +182,24 @@ impl Pool {
 
     /// Runs `f` on a pooled connection. If the connection turns out to be broken (Redis restarted
     /// since it was made), every older connection is retired and `f` runs once more on a fresh
-    /// one, told so by its `bool` argument; a second failure is returned. A reply a signal
+    /// one, told so by its [`Run`] argument; a second failure is returned. A reply a signal
     /// interrupted costs a run again, on the same connection. `f` must be safe to repeat: the
     /// first run may have taken effect before the connection broke or the read was cut.
     pub(crate) fn run<T>(
         &self,
-        f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.run_again(f, false)
+        self.run_from(f, Run::First)
     }
 
-    /// [`run`](Pool::run), whose first run is already a retry if `again`.
-    fn run_again<T>(
+    /// [`run`](Pool::run), whose first run is `first` (a retry, if an earlier run may have run).
+    fn run_from<T>(
         &self,
-        mut f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
-        again: bool,
+        mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
+        first: Run,
     ) -> Result<T> {
         let mut conn = self.get()?;
-        let mut result = f(&mut conn.con, again);
+        let mut result = f(&mut conn.con, first);
         let mut reconnected = false;
         for _ in 0..wire::MAX_INTERRUPTS {
             match &result {
@@ -203,7 +213,7 @@ impl Pool {
                 Err(e) if wire::interrupted(e) => {}
                 _ => break,
             }
-            result = f(&mut conn.con, true);
+            result = f(&mut conn.con, Run::Retry);
         }
         finish(&mut conn, result)
     }
@@ -233,14 +243,14 @@ impl Pool {
         &self,
         packed: Vec<u8>,
         reply: impl FnOnce(Value) -> redis::RedisResult<T>,
-        f: impl FnMut(&mut redis::Connection, bool) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
         match self.combined(packed) {
             Combined::Reply(value) => reply(value).map_err(Error::from_redis),
             Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
-            Combined::Failed(_) => self.run_again(f, true),
+            Combined::Failed(_) => self.run_from(f, Run::Retry),
             Combined::NoConnection(e) => Err(e),
-            Combined::NotRun => self.run_again(f, false),
+            Combined::NotRun => self.run_from(f, Run::First),
         }
     }
 
@@ -276,7 +286,8 @@ impl Pool {
             ends.push(buf.len());
         }
         let sent = self.get().map(|mut conn| {
-            let (replies, failed) = wire::exchange_partial(&mut conn.con, &buf, &ends, false);
+            let (replies, failed) =
+                wire::exchange_partial(&mut conn.con, &buf, &ends, Interrupted::LeaveUnanswered);
             // Replies of the batch may be left unread: the connection is not to be reused.
             conn.timed_out = failed.is_some();
             if let Some(e) = failed.as_ref().filter(|e| broke(e)) {

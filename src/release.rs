@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::key::LockKeys;
 use crate::locks::Locks;
-use crate::scripts::{self, Released};
+use crate::pool::Run;
+use crate::scripts::{self, Leaving, OwnNext, Released};
 use crate::wait::{Left, Wake, LOCAL_RUN};
 
 impl Locks {
@@ -64,7 +65,11 @@ impl Locks {
         let (released, reply_lost) = match self.hand_over(
             &grant.keys,
             grant.keys.owner(),
-            grant.queued,
+            if grant.queued {
+                Leaving::QueueAndLock
+            } else {
+                Leaving::Lock
+            },
             grant.local_run,
         ) {
             Ok(found) => found,
@@ -102,7 +107,7 @@ impl Locks {
         }
     }
 
-    /// Runs the release script for `owner` (a holder's release, or with `withdraw` a waiter
+    /// Runs the release script for `owner` (a holder's release, or with `QueueAndLock` a waiter
     /// leaving the queue), naming this client's next waiter for the key, and tells that waiter
     /// what became of it. Returns what the script found for `owner`, and whether its first
     /// reply was lost to a broken connection (so it ran again).
@@ -110,30 +115,34 @@ impl Locks {
         &self,
         keys: &LockKeys,
         owner: &str,
-        withdraw: bool,
+        leaving: Leaving,
         local_run: u32,
     ) -> Result<(Released, bool)> {
         let mut first = None;
         // After the first run, each run gives back a handoff to a waiter of ours that left
         // before hearing of it, or takes such a waiter out of Redis' queue, in its name; those
         // serve Redis' queue first.
-        let mut runs = vec![(owner.to_owned(), withdraw, local_run)];
+        let mut runs = vec![(owner.to_owned(), leaving, local_run)];
         for _ in 0..MAX_HANDOVERS {
-            let Some((owner, withdraw, local_run)) = runs.pop() else {
+            let Some((owner, leaving, local_run)) = runs.pop() else {
                 break;
             };
             let next = self.waiters.next(keys.tag());
             // Our own waiter goes before other clients' only so many times in a row.
             let ahead = local_run < LOCAL_RUN;
-            let next_ref = next.as_ref().map(|n| (n.owner(), n.lease(), ahead));
+            let next_ref = next.as_ref().map(|n| OwnNext {
+                owner: n.owner(),
+                lease: n.lease(),
+                ahead,
+            });
             let sent = Instant::now();
             let mut reply_lost = false;
             let released = self.pool.run_combined(
-                scripts::pack_release(keys, &owner, withdraw, next_ref),
+                scripts::pack_release(keys, &owner, leaving, next_ref),
                 |reply| scripts::released(reply, keys),
-                |con, retry| {
-                    reply_lost |= retry;
-                    scripts::release(con, keys, &owner, withdraw, next_ref)
+                |con, run| {
+                    reply_lost |= run == Run::Retry;
+                    scripts::release(con, keys, &owner, leaving, next_ref)
                 },
             );
             let released = match released {
@@ -173,8 +182,10 @@ impl Locks {
                         // machine the scheduler tends to put a woken thread there).
                         Ok(()) => thread::yield_now(),
                         // It left, maybe after leaving Redis' queue too: give the lock back.
-                        Err(Left::Empty) => runs.push((to.clone(), false, LOCAL_RUN)),
-                        Err(Left::Granted) => {}
+                        Err(Left::WithoutGrant) => {
+                            runs.push((to.clone(), Leaving::Lock, LOCAL_RUN))
+                        }
+                        Err(Left::WithGrant) => {}
                     }
                 }
                 (
@@ -202,8 +213,8 @@ impl Locks {
                             retry_after: *lease,
                             since: sent,
                         };
-                        if let Err(Left::Empty) = self.waiters.deliver_to(&next, wake) {
-                            runs.push((next.owner().to_owned(), true, LOCAL_RUN));
+                        if let Err(Left::WithoutGrant) = self.waiters.deliver_to(&next, wake) {
+                            runs.push((next.owner().to_owned(), Leaving::QueueAndLock, LOCAL_RUN));
                         }
                     }
                 }

@@ -28,6 +28,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::connector::{Connector, Node};
 use crate::grant::Grant;
 use crate::scripts;
+use crate::wire::Interrupted;
 
 /// Most extend calls in one pipeline (one round trip).
 const BATCH: usize = 1000;
@@ -108,7 +109,7 @@ impl Renewal {
 
     fn push(&self, command: Command, due: Option<Instant>) -> bool {
         let ring = {
-            let mut inbox = lock(&self.inbox);
+            let mut inbox = lock_inbox(&self.inbox);
             if inbox.closed {
                 return false;
             }
@@ -124,7 +125,7 @@ impl Renewal {
     }
 }
 
-fn lock(inbox: &Mutex<Inbox>) -> MutexGuard<'_, Inbox> {
+fn lock_inbox(inbox: &Mutex<Inbox>) -> MutexGuard<'_, Inbox> {
     inbox.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -193,7 +194,7 @@ pub(crate) fn spawn(
 impl Renewer {
     fn run(mut self, doorbell: &Receiver<()>) {
         loop {
-            let commands = std::mem::take(&mut lock(&self.inbox).commands);
+            let commands = std::mem::take(&mut lock_inbox(&self.inbox).commands);
             let quiet = commands.is_empty();
             // A lock taken and released since the last pass needs no bookkeeping at all.
             let released: HashSet<u64> = commands
@@ -239,7 +240,7 @@ impl Renewer {
                 .chain(idle)
                 .min();
             {
-                let mut inbox = lock(&self.inbox);
+                let mut inbox = lock_inbox(&self.inbox);
                 if !inbox.commands.is_empty() {
                     continue;
                 }
@@ -564,9 +565,9 @@ impl Renewer {
             scripts::pack_extend(&mut buf, &grant.keys, grant.keys.owner(), *lease);
             ends.push(buf.len());
         }
-        let result = self
-            .connection(node, batch)
-            .and_then(|con| scripts::run_pipeline(con, &scripts::EXTEND, &buf, &ends, true));
+        let result = self.connection(node, batch).and_then(|con| {
+            scripts::run_pipeline(con, &scripts::EXTEND, &buf, &ends, Interrupted::SendAgain)
+        });
         self.buf = (buf, ends);
         result
     }
@@ -605,7 +606,7 @@ impl Drop for Renewer {
     /// Runs on exit and on unwinding alike: leases nobody renews any more are as good as lost.
     fn drop(&mut self) {
         let waiting = {
-            let mut inbox = lock(&self.inbox);
+            let mut inbox = lock_inbox(&self.inbox);
             inbox.closed = true;
             std::mem::take(&mut inbox.commands)
         };

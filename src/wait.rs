@@ -72,13 +72,13 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Left {
     /// With a grant: whatever else was meant for it is not needed.
-    Granted,
+    WithGrant,
     /// Without one: a handoff that reaches it later must be given back.
-    Empty,
+    WithoutGrant,
 }
 
 /// A waiter named in a release: the head of its key's queue at the time.
-pub(crate) struct Next {
+pub(crate) struct Head {
     slot: Arc<Slot>,
 }
 
@@ -90,7 +90,7 @@ pub(crate) struct Next {
 /// queue between turns, so a count kept there would start again each time.
 pub(crate) const LOCAL_RUN: u32 = 8;
 
-impl Next {
+impl Head {
     pub(crate) fn owner(&self) -> &str {
         &self.slot.owner
     }
@@ -103,17 +103,17 @@ impl Next {
 /// Every queue of one client, by escaped key.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    queues: Mutex<HashMap<String, Queue>>,
+    queues: Mutex<HashMap<String, KeyQueue>>,
 }
 
 /// One key's waiters, oldest first.
 #[derive(Default)]
-struct Queue {
+struct KeyQueue {
     slots: VecDeque<Arc<Slot>>,
 }
 
 impl Waiters {
-    fn queues(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
+    fn queues(&self) -> MutexGuard<'_, HashMap<String, KeyQueue>> {
         // The map stays consistent even if a holder of the mutex panicked mid-way.
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -145,18 +145,18 @@ impl Waiters {
     }
 
     /// The head of `tag`'s queue, to be named in a release.
-    pub(crate) fn next(&self, tag: &str) -> Option<Next> {
+    pub(crate) fn next(&self, tag: &str) -> Option<Head> {
         let queues = self.queues();
         let queue = queues.get(tag)?;
         let head = queue.slots.front()?;
         head.named.store(true, Ordering::SeqCst);
-        Some(Next {
+        Some(Head {
             slot: Arc::clone(head),
         })
     }
 
     /// Delivers `wake` to a waiter named in a release; how it left if it no longer waits.
-    pub(crate) fn deliver_to(&self, next: &Next, wake: Wake) -> Result<(), Left> {
+    pub(crate) fn deliver_to(&self, next: &Head, wake: Wake) -> Result<(), Left> {
         let _queues = self.queues();
         match *lock_left(&next.slot) {
             Some(left) => Err(left),
@@ -287,9 +287,9 @@ impl Ticket {
         }
         let mut queues = self.waiters.queues();
         *lock_left(&self.slot) = Some(if self.granted {
-            Left::Granted
+            Left::WithGrant
         } else {
-            Left::Empty
+            Left::WithoutGrant
         });
         let Some(queue) = queues.get_mut(&self.tag).map(|q| &mut q.slots) else {
             return;

@@ -77,18 +77,26 @@ pub(crate) fn call(con: &mut redis::Connection, packed: &[u8]) -> RedisResult<Va
     redis::ConnectionLike::req_packed_command(con, packed)?.extract_error()
 }
 
+/// What becomes of a command of a pipeline whose reply a signal interrupted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Interrupted {
+    /// Sent again, behind the others: every command must be safe to repeat alone and in
+    /// another order. Past a budget of such repeats, its reply is `None`.
+    SendAgain,
+    /// Its reply is `None`.
+    LeaveUnanswered,
+}
+
 /// Sends `packed`, the commands ending at each offset of `ends`, and reads their replies in
-/// order: a server error is `Ok(Err(..))` (the rest still count). With `repeat`, a command
-/// whose reply a signal interrupted is sent again, behind the others (so every command must be
-/// safe to repeat alone and in another order); past a budget of such repeats, or without
-/// `repeat`, its reply is `None`. A timeout or a broken connection fails the whole exchange.
+/// order: a server error is `Ok(Err(..))` (the rest still count); an interrupted reply is
+/// handled as `on_interrupt` says. A timeout or a broken connection fails the whole exchange.
 pub(crate) fn exchange(
     con: &mut redis::Connection,
     packed: &[u8],
     ends: &[usize],
-    repeat: bool,
+    on_interrupt: Interrupted,
 ) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
-    match exchange_partial(con, packed, ends, repeat) {
+    match exchange_partial(con, packed, ends, on_interrupt) {
         (_, Some(e)) => Err(e),
         (replies, None) => Ok(replies),
     }
@@ -100,7 +108,7 @@ pub(crate) fn exchange_partial(
     con: &mut redis::Connection,
     packed: &[u8],
     ends: &[usize],
-    repeat: bool,
+    on_interrupt: Interrupted,
 ) -> (Vec<Option<RedisResult<Value>>>, Option<RedisError>) {
     if let Err(e) = con.send_packed_command(packed) {
         return (ends.iter().map(|_| Some(Err(e.clone()))).collect(), Some(e));
@@ -122,7 +130,7 @@ pub(crate) fn exchange_partial(
             }
             Err(e) if interrupted(&e) => {
                 // redis-rs drops this reply when it comes: ask again.
-                if repeat && repeats < MAX_INTERRUPTS + ends.len() {
+                if on_interrupt == Interrupted::SendAgain && repeats < MAX_INTERRUPTS + ends.len() {
                     let start = if i == 0 { 0 } else { ends[i - 1] };
                     match con.send_packed_command(&packed[start..ends[i]]) {
                         Ok(()) => {

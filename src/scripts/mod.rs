@@ -15,7 +15,7 @@ use redis::{RedisResult, Script, Value};
 
 use crate::key::LockKeys;
 use crate::token::FencingToken;
-use crate::wire::{self, Arg};
+use crate::wire::{self, Arg, Interrupted};
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -61,13 +61,13 @@ pub(crate) fn acquire(
     keys: &LockKeys,
     owner: &str,
     lease: Duration,
-    queue: Queue,
+    queue: JoinQueue,
     acks: Option<ReplicaAcks>,
 ) -> RedisResult<(Acquire, Option<u32>)> {
     let queue = match queue {
-        Queue::Never => "0",
-        Queue::Join => "1",
-        Queue::Rejoin => "2",
+        JoinQueue::Never => "0",
+        JoinQueue::Join => "1",
+        JoinQueue::Rejoin => "2",
     };
     let args = [Arg::Str(owner), Arg::Int(millis(lease)), Arg::Str(queue)];
     let mut buf = Vec::with_capacity(256);
@@ -85,7 +85,13 @@ pub(crate) fn acquire(
                 ],
             );
             let ends = [first, buf.len()];
-            let (reply, acked) = both(run_pipeline(con, &ACQUIRE, &buf, &ends, false)?)?;
+            let (reply, acked) = both(run_pipeline(
+                con,
+                &ACQUIRE,
+                &buf,
+                &ends,
+                Interrupted::LeaveUnanswered,
+            )?)?;
             (reply, Some(redis::from_redis_value(acked)?))
         }
     };
@@ -100,7 +106,7 @@ pub(crate) fn acquire(
 
 /// Whether a refused acquire joins the key's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Queue {
+pub(crate) enum JoinQueue {
     /// A single try: never queued.
     Never,
     /// A waiter's first attempt: it cannot stand in the queue yet, so a grant has no entry to
@@ -139,20 +145,20 @@ fn run(con: &mut redis::Connection, script: &Script, packed: &[u8]) -> RedisResu
     )
 }
 
-/// Sends a pipeline of calls (see [`wire::exchange`], and `repeat` there) of which those of
-/// `script` are by EVALSHA (see [`loading`]). A pipeline with a `WAIT` must not be repeated
-/// command by command: a `WAIT` must follow what it counts.
+/// Sends a pipeline of calls (see [`wire::exchange`]) of which those of `script` are by EVALSHA
+/// (see [`loading`]). A pipeline with a `WAIT` must leave interrupted replies unanswered, never
+/// send a command again by itself: a `WAIT` must follow what it counts.
 pub(crate) fn run_pipeline(
     con: &mut redis::Connection,
     script: &Script,
     packed: &[u8],
     ends: &[usize],
-    repeat: bool,
+    on_interrupt: Interrupted,
 ) -> RedisResult<Vec<Option<RedisResult<Value>>>> {
     loading(
         con,
         script,
-        |con| wire::exchange(con, packed, ends, repeat),
+        |con| wire::exchange(con, packed, ends, on_interrupt),
         |replies| {
             replies.as_ref().is_ok_and(|replies| {
                 replies
@@ -220,21 +226,35 @@ pub(crate) enum Released {
     },
 }
 
-/// The caller's own next waiter for a key being released: its owner id, its lease, and
-/// whether it goes before the queue in Redis. Otherwise it is granted the lock when that queue
-/// is empty, and queued behind its waiter if not.
-pub(crate) type Next<'a> = Option<(&'a str, Duration, bool)>;
+/// The caller's own next waiter for a key being released. Unless it goes `ahead` of the queue
+/// in Redis, it is granted the lock when that queue is empty, and queued behind its waiter if
+/// not.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnNext<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) lease: Duration,
+    pub(crate) ahead: bool,
+}
 
-/// Compare-and-delete, or compare-and-hand-over to the next waiter. With `withdraw`, `owner` is
-/// a waiter leaving the queue, releasing the lock too if a handoff reached it meanwhile.
+/// What the owner of a release gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// The lock: a holder's release.
+    Lock,
+    /// The key's queue in Redis first, then the lock if it is ours: a waiter giving up (a
+    /// handoff may have reached it meanwhile), or a holder that may still stand in the queue.
+    QueueAndLock,
+}
+
+/// Compare-and-delete, or compare-and-hand-over to the next waiter; see [`Leaving`].
 pub(crate) fn release(
     con: &mut redis::Connection,
     keys: &LockKeys,
     owner: &str,
-    withdraw: bool,
-    next: Next<'_>,
+    leaving: Leaving,
+    next: Option<OwnNext<'_>>,
 ) -> RedisResult<Released> {
-    let packed = pack_release(keys, owner, withdraw, next);
+    let packed = pack_release(keys, owner, leaving, next);
     released(run(con, &RELEASE, &packed)?, keys)
 }
 
@@ -242,10 +262,13 @@ pub(crate) fn release(
 pub(crate) fn pack_release(
     keys: &LockKeys,
     owner: &str,
-    withdraw: bool,
-    next: Next<'_>,
+    leaving: Leaving,
+    next: Option<OwnNext<'_>>,
 ) -> Vec<u8> {
-    let withdraw = Arg::Str(if withdraw { "1" } else { "0" });
+    let withdraw = Arg::Str(match leaving {
+        Leaving::Lock => "0",
+        Leaving::QueueAndLock => "1",
+    });
     let mut buf = Vec::with_capacity(320);
     match next {
         None => evalsha(
@@ -254,13 +277,13 @@ pub(crate) fn pack_release(
             &keys.all(),
             &[Arg::Str(owner), withdraw],
         ),
-        Some((next, lease, first)) => {
+        Some(next) => {
             let args = [
                 Arg::Str(owner),
                 withdraw,
-                Arg::Str(next),
-                Arg::Int(millis(lease)),
-                Arg::Str(if first { "1" } else { "0" }),
+                Arg::Str(next.owner),
+                Arg::Int(millis(next.lease)),
+                Arg::Str(if next.ahead { "1" } else { "0" }),
             ];
             evalsha(&mut buf, &RELEASE, &keys.all(), &args);
         }
@@ -331,7 +354,7 @@ pub(crate) fn extend_acked(
         &EXTEND,
         &buf,
         &[first, buf.len()],
-        false,
+        Interrupted::LeaveUnanswered,
     )?)?;
     Ok((extended(reply)?, redis::from_redis_value(acked)?))
 }
