@@ -6,6 +6,9 @@
 //!                                  head attempts, the others        handoff with one
 //!                                  wait for a wake)                 extend first)
 //! ```
+//!
+//! A waiter's states and what moves it between them are tabled in docs/design.md ("A waiter's
+//! states").
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
