@@ -12,6 +12,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// variants: the enum is `#[non_exhaustive]` and gains variants as fencelock gains features.
 /// The underlying cause, where there is one, is reachable through
 /// [`std::error::Error::source`].
+///
+/// Types of the `redis` crate stay out of this API, so that a new major version of it is not a
+/// breaking change of fencelock: what a caller branches on has a predicate, the code of a Redis
+/// error reply is [`redis_code`](Error::redis_code), and a cause is a boxed error (a
+/// `redis::RedisError` today, for those who downcast it at their own risk).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -53,7 +58,7 @@ pub enum Error {
     /// (it deletes the lock if the lost reply had granted it); for a release, the lease bounds
     /// how long the lock can stay held.
     #[error("redis did not reply within the response timeout; the command may still have run")]
-    Timeout(#[source] redis::RedisError),
+    Timeout(#[source] BoxError),
 
     /// A fenced write carried a token lower than one the resource already accepted: the writer's
     /// lock was taken over since. Nothing was written.
@@ -93,7 +98,7 @@ pub enum Error {
     /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
     /// LOADING, a wrong type at a lock key, ...
     #[error("redis replied with an error")]
-    Redis(#[source] redis::RedisError),
+    Redis(#[source] BoxError),
 }
 
 impl Error {
@@ -147,17 +152,14 @@ impl Error {
     /// loading its data), `"NOREPLICAS"` (`min-replicas-to-write` unmet) or `"NOPERM"` (ACL).
     pub fn redis_code(&self) -> Option<&str> {
         match self {
-            Error::Redis(e) => e.code(),
+            Error::Redis(e) => e.downcast_ref::<redis::RedisError>()?.code(),
             _ => None,
         }
     }
 
-    /// The Redis error behind this error, if Redis replied with one or a command timed out.
-    pub fn redis_error(&self) -> Option<&redis::RedisError> {
-        match self {
-            Error::Redis(e) | Error::Timeout(e) => Some(e),
-            _ => None,
-        }
+    /// Redis replied to a command with an error (see [`redis_code`](Error::redis_code)).
+    pub fn is_redis(&self) -> bool {
+        matches!(self, Error::Redis(_))
     }
 
     pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Error {
@@ -169,11 +171,11 @@ impl Error {
 
     pub(crate) fn from_redis(e: redis::RedisError) -> Error {
         if e.is_timeout() {
-            Error::Timeout(e)
+            Error::Timeout(Box::new(e))
         } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             Error::Connection(Box::new(e))
         } else {
-            Error::Redis(e)
+            Error::Redis(Box::new(e))
         }
     }
 }

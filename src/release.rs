@@ -118,115 +118,122 @@ impl Locks {
         leaving: Leaving,
         local_run: u32,
     ) -> Result<(Released, bool)> {
-        let mut first = None;
-        // After the first run, each run gives back a handoff to a waiter of ours that left
-        // before hearing of it, or takes such a waiter out of Redis' queue, in its name; those
-        // serve Redis' queue first.
-        let mut runs = vec![(owner.to_owned(), leaving, local_run)];
-        for _ in 0..MAX_HANDOVERS {
+        // Each later run gives back a handoff to a waiter of ours that left before hearing of
+        // it, or takes such a waiter out of Redis' queue, in its name; those serve Redis' queue
+        // first. One that fails leaves the handoff to expire with its waiter's lease.
+        let mut runs = Vec::new();
+        let first = self.release_once(keys, owner, leaving, local_run, &mut runs)?;
+        for _ in 1..MAX_HANDOVERS {
             let Some((owner, leaving, local_run)) = runs.pop() else {
                 break;
             };
-            let next = self.waiters.next(keys.tag());
-            // Our own waiter goes before other clients' only so many times in a row.
-            let ahead = local_run < LOCAL_RUN;
-            let next_ref = next.as_ref().map(|n| OwnNext {
-                owner: n.owner(),
-                lease: n.lease(),
-                ahead,
-            });
-            let sent = Instant::now();
-            let mut reply_lost = false;
-            let released = self.pool.run_combined(
-                scripts::pack_release(keys, &owner, leaving, next_ref),
-                |reply| scripts::released(reply, keys),
-                |con, run| {
-                    reply_lost |= run == Run::Retry;
-                    scripts::release(con, keys, &owner, leaving, next_ref)
+            if let Err(e) = self.release_once(keys, &owner, leaving, local_run, &mut runs) {
+                log::warn!("fencelock: giving back a handoff failed: {e}");
+                break;
+            }
+        }
+        Ok(first)
+    }
+
+    /// One run of the release script for `owner`; see [`hand_over`](Locks::hand_over). Pushes
+    /// onto `runs` the releases a waiter of ours that left now needs in its name.
+    fn release_once(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        leaving: Leaving,
+        local_run: u32,
+        runs: &mut Vec<(String, Leaving, u32)>,
+    ) -> Result<(Released, bool)> {
+        let next = self.waiters.next(keys.tag());
+        // Our own waiter goes before other clients' only so many times in a row.
+        let ahead = local_run < LOCAL_RUN;
+        let next_ref = next.as_ref().map(|n| OwnNext {
+            owner: n.owner(),
+            lease: n.lease(),
+            ahead,
+        });
+        let sent = Instant::now();
+        let mut reply_lost = false;
+        let released = self.pool.run_combined(
+            scripts::pack_release(keys, owner, leaving, next_ref),
+            |reply| scripts::released(reply, keys),
+            |con, run| {
+                reply_lost |= run == Run::Retry;
+                scripts::release(con, keys, owner, leaving, next_ref)
+            },
+        );
+        let released = match released {
+            Ok(released) => released,
+            Err(e) => {
+                // Whatever happened, the key may be free for our next waiter.
+                self.waiters.wake_head(keys.tag());
+                return Err(e);
+            }
+        };
+        match (&released, next) {
+            (
+                Released::HandedOver {
+                    token,
+                    owner: to,
+                    lease,
                 },
-            );
-            let released = match released {
-                Ok(released) => released,
-                Err(e) => {
-                    // Whatever happened, the key may be free for our next waiter. A handoff we
-                    // could not give back expires with its waiter's lease.
-                    self.waiters.wake_head(keys.tag());
-                    match first {
-                        None => return Err(e),
-                        Some(_) => {
-                            log::warn!("fencelock: giving back a handoff failed: {e}");
-                            break;
-                        }
-                    }
+                Some(next),
+            ) if to == next.owner() => {
+                let wake = Wake::Granted {
+                    token: *token,
+                    since: Some(sent),
+                    lease: *lease,
+                    // Without the go-ahead, Redis' queue was empty: nobody was passed over.
+                    local_run: if ahead { local_run + 1 } else { 0 },
+                };
+                match self.waiters.deliver_to(&next, wake) {
+                    // The lock is the scarce resource: let its new holder run now rather
+                    // than queue behind the rest of our unlock on this core (on a busy
+                    // machine the scheduler tends to put a woken thread there).
+                    Ok(()) => thread::yield_now(),
+                    // It left, maybe after leaving Redis' queue too: give the lock back.
+                    Err(Left::WithoutGrant) => runs.push((to.clone(), Leaving::Lock, LOCAL_RUN)),
+                    Err(Left::WithGrant) => {}
                 }
-            };
-            match (&released, next) {
-                (
-                    Released::HandedOver {
-                        token,
-                        owner: to,
-                        lease,
-                    },
-                    Some(next),
-                ) if to == next.owner() => {
+            }
+            (
+                Released::HandedOver {
+                    token,
+                    owner: to,
+                    lease,
+                },
+                next,
+            ) => {
+                if to.starts_with(&self.owner_prefix) {
+                    // One of ours that queued in Redis: if it left meanwhile, its leaving
+                    // gives the lock back.
                     let wake = Wake::Granted {
                         token: *token,
                         since: Some(sent),
                         lease: *lease,
-                        // Without the go-ahead, Redis' queue was empty: nobody was passed over.
-                        local_run: if ahead { local_run + 1 } else { 0 },
+                        local_run: 0,
                     };
-                    match self.waiters.deliver_to(&next, wake) {
-                        // The lock is the scarce resource: let its new holder run now rather
-                        // than queue behind the rest of our unlock on this core (on a busy
-                        // machine the scheduler tends to put a woken thread there).
-                        Ok(()) => thread::yield_now(),
-                        // It left, maybe after leaving Redis' queue too: give the lock back.
-                        Err(Left::WithoutGrant) => {
-                            runs.push((to.clone(), Leaving::Lock, LOCAL_RUN))
-                        }
-                        Err(Left::WithGrant) => {}
-                    }
+                    self.waiters.deliver(keys.tag(), to, wake);
                 }
-                (
-                    Released::HandedOver {
-                        token,
-                        owner: to,
-                        lease,
-                    },
-                    next,
-                ) => {
-                    if to.starts_with(&self.owner_prefix) {
-                        // One of ours that queued in Redis: if it left meanwhile, its leaving
-                        // gives the lock back.
-                        let wake = Wake::Granted {
-                            token: *token,
-                            since: Some(sent),
-                            lease: *lease,
-                            local_run: 0,
-                        };
-                        self.waiters.deliver(keys.tag(), to, wake);
-                    }
-                    if let Some(next) = next {
-                        // The script put it in Redis' queue behind `to`.
-                        let wake = Wake::Queued {
-                            retry_after: *lease,
-                            since: sent,
-                        };
-                        if let Err(Left::WithoutGrant) = self.waiters.deliver_to(&next, wake) {
-                            runs.push((next.owner().to_owned(), Leaving::QueueAndLock, LOCAL_RUN));
-                        }
-                    }
-                }
-                (Released::NotOurs | Released::Freed, next) => {
-                    if next.is_some() {
-                        self.waiters.wake_head(keys.tag());
+                if let Some(next) = next {
+                    // The script put it in Redis' queue behind `to`.
+                    let wake = Wake::Queued {
+                        retry_after: *lease,
+                        since: sent,
+                    };
+                    if let Err(Left::WithoutGrant) = self.waiters.deliver_to(&next, wake) {
+                        runs.push((next.owner().to_owned(), Leaving::QueueAndLock, LOCAL_RUN));
                     }
                 }
             }
-            first.get_or_insert((released, reply_lost));
+            (Released::NotOurs | Released::Freed, next) => {
+                if next.is_some() {
+                    self.waiters.wake_head(keys.tag());
+                }
+            }
         }
-        first.ok_or_else(|| Error::Connection("no release was attempted".into()))
+        Ok((released, reply_lost))
     }
 }
 
