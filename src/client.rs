@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::config::Builder;
 use crate::connector::Connector;
 use crate::error::Result;
+use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::locks::Locks;
 use crate::options::LockOptions;
@@ -171,6 +172,26 @@ impl LockClient {
     /// lives as long as the client or any of its guards.
     pub(crate) fn identity(&self) -> usize {
         Arc::as_ptr(&self.locks) as usize
+    }
+}
+
+/// A fenced store that shares the client's connections (its pool) and its namespace: one set of
+/// connections for the locks and the writes they guard.
+///
+/// ```no_run
+/// # fn main() -> Result<(), fencelock::Error> {
+/// use fencelock::{FencedRedis, LockClient};
+///
+/// let client = LockClient::builder("redis://127.0.0.1:6379/").namespace("orders").build()?;
+/// let store = FencedRedis::from(&client);
+/// assert_eq!(store.namespace(), "orders");
+/// let guard = client.lock("order:42")?;
+/// store.set("order:42", guard.token(), "paid")?;
+/// # Ok(()) }
+/// ```
+impl From<&LockClient> for FencedRedis {
+    fn from(client: &LockClient) -> FencedRedis {
+        FencedRedis::on_pool(client.namespace(), Arc::clone(&client.locks.pool))
     }
 }
 

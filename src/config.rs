@@ -136,14 +136,11 @@ impl Config {
     pub(crate) fn validate(&self) -> Result<()> {
         validate_namespace(&self.namespace)?;
         validate_lease(self.lease)?;
-        if self.pool_size == 0 || self.pool_size > MAX_POOL_SIZE {
-            return Err(Error::invalid(
-                "pool size",
-                format!("is {}, allowed are 1 to {MAX_POOL_SIZE}", self.pool_size),
-            ));
-        }
-        validate_timeout("connection timeout", self.connection_timeout)?;
-        validate_timeout("response timeout", self.response_timeout)?;
+        validate_connections(
+            self.pool_size,
+            self.connection_timeout,
+            self.response_timeout,
+        )?;
         if let Some(acks) = self.replica_acks {
             if acks.replicas == 0 {
                 return Err(Error::invalid(
@@ -163,6 +160,22 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Checks the settings of a pool of connections, as for `LockClient` and `FencedRedis`.
+pub(crate) fn validate_connections(
+    pool_size: u32,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<()> {
+    if pool_size == 0 || pool_size > MAX_POOL_SIZE {
+        return Err(Error::invalid(
+            "pool size",
+            format!("is {pool_size}, allowed are 1 to {MAX_POOL_SIZE}"),
+        ));
+    }
+    validate_timeout("connection timeout", connection_timeout)?;
+    validate_timeout("response timeout", response_timeout)
 }
 
 fn validate_timeout(what: &'static str, timeout: Duration) -> Result<()> {

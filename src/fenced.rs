@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, Script};
 
+use crate::config::validate_connections;
 use crate::connector::{Connector, Node};
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
@@ -50,9 +51,12 @@ const POOL_SIZE: u32 = 16;
 /// Write each resource under **one lock key** (usually the same name): tokens of different keys
 /// are unrelated numbers, so mixing them would refuse good writes and accept stale ones.
 ///
-/// Cheap to clone (an `Arc` inside) and `Send + Sync`. Connections come from a pool of up to 16,
-/// made when needed and replaced when they break, as for `LockClient`; a call waits up to 5 s for
-/// one when all are busy, then fails with [`Error::PoolExhausted`].
+/// Cheap to clone (an `Arc` inside) and `Send + Sync`. Connections come from a pool (16 by
+/// default, see [`FencedRedis::builder`]), made when needed and replaced when they break, as for
+/// `LockClient`; a call waits up to the connection timeout for one when all are busy, then fails
+/// with [`Error::PoolExhausted`]. `FencedRedis::from(&client)` makes a store that shares a
+/// [`LockClient`](crate::LockClient)'s pool and namespace instead: one set of connections for the
+/// locks and the writes they guard (size the client's pool for both).
 ///
 /// ```no_run
 /// use fencelock::{FencedRedis, LockClient};
@@ -79,7 +83,8 @@ pub struct FencedRedis {
 
 impl FencedRedis {
     /// A store on the Redis server at `url` (`redis://[user:pass@]host:port/db`, or
-    /// `redis+unix:///path`), with its keys under the namespace `"fencelock"`.
+    /// `redis+unix:///path`), with its keys under the namespace `"fencelock"` and every other
+    /// setting at its default; the same as `FencedRedis::builder(url).build()`.
     ///
     /// Nothing is sent yet: the first call connects, so Redis need not be up. Connecting and each
     /// reply time out after 5 s.
@@ -87,17 +92,41 @@ impl FencedRedis {
     /// # Errors
     /// [`Error::InvalidArgument`] if the URL does not parse.
     pub fn open(url: &str) -> Result<FencedRedis> {
-        let connector = Arc::new(Connector::open(url)?);
-        Ok(FencedRedis {
-            namespace: Arc::from(DEFAULT_NAMESPACE),
-            pool: Arc::new(Pool::new(
-                connector,
-                Node::SINGLE,
-                POOL_SIZE,
-                CONNECTION_TIMEOUT,
-                RESPONSE_TIMEOUT,
-            )),
-        })
+        FencedRedis::builder(url).build()
+    }
+
+    /// Starts configuring a store for the Redis server at `url`: its namespace, pool size and
+    /// timeouts. To share a [`LockClient`](crate::LockClient)'s connections instead, use
+    /// `FencedRedis::from(&client)`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let store = fencelock::FencedRedis::builder("redis://127.0.0.1:6379/")
+    ///     .namespace("orders")
+    ///     .pool_size(4)
+    ///     .response_timeout(Duration::from_secs(1))
+    ///     .build()?;
+    /// assert_eq!(store.namespace(), "orders");
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> FencedBuilder {
+        FencedBuilder {
+            url: url.into(),
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            pool_size: POOL_SIZE,
+            connection_timeout: CONNECTION_TIMEOUT,
+            response_timeout: RESPONSE_TIMEOUT,
+        }
+    }
+
+    /// A store on `pool`'s connections, under `namespace` (already validated).
+    pub(crate) fn on_pool(namespace: &str, pool: Arc<Pool>) -> FencedRedis {
+        FencedRedis {
+            namespace: Arc::from(namespace),
+            pool,
+        }
     }
 
     /// The same store with its keys under `namespace`, sharing this one's connections.
@@ -297,6 +326,87 @@ impl FencedRedis {
             })
         };
         parsed.map_err(|e| Error::from_redis(e.into()))?
+    }
+}
+
+/// Configures and builds a [`FencedRedis`]; made by [`FencedRedis::builder`].
+///
+/// Setters only record values; [`build`](FencedBuilder::build) validates all of them, with the
+/// same ranges as [`Builder`](crate::Builder), and reports the first bad one as
+/// [`Error::InvalidArgument`]. Nothing here touches the network.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct FencedBuilder {
+    url: String,
+    namespace: String,
+    pool_size: u32,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl FencedBuilder {
+    /// Prefix of the store's Redis keys; see [`FencedRedis::with_namespace`]. Defaults to
+    /// `"fencelock"`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> FencedBuilder {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Maximum number of pooled connections, from 1 to [`MAX_POOL_SIZE`](crate::MAX_POOL_SIZE).
+    /// Defaults to 16.
+    pub fn pool_size(mut self, size: u32) -> FencedBuilder {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long a call may wait to connect, or for a pooled connection to come free. Greater
+    /// than zero, at most [`MAX_TIMEOUT`](crate::MAX_TIMEOUT). Defaults to 5 s.
+    pub fn connection_timeout(mut self, timeout: Duration) -> FencedBuilder {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a reply before reporting [`Error::Timeout`] (the write may still
+    /// have been applied). Greater than zero, at most [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
+    /// Defaults to 5 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> FencedBuilder {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Validates every setting and makes the store. Connections are made lazily.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if
+    /// it does not parse.
+    pub fn build(self) -> Result<FencedRedis> {
+        let connector = Arc::new(Connector::open(&self.url)?);
+        validate_namespace(&self.namespace)?;
+        validate_connections(
+            self.pool_size,
+            self.connection_timeout,
+            self.response_timeout,
+        )?;
+        let pool = Pool::new(
+            connector,
+            Node::SINGLE,
+            self.pool_size,
+            self.connection_timeout,
+            self.response_timeout,
+        );
+        Ok(FencedRedis::on_pool(&self.namespace, Arc::new(pool)))
+    }
+}
+
+impl fmt::Debug for FencedBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No URL: it may carry a password.
+        f.debug_struct("FencedBuilder")
+            .field("namespace", &self.namespace)
+            .field("pool_size", &self.pool_size)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish_non_exhaustive()
     }
 }
 

@@ -136,7 +136,7 @@ mod wire;
 pub use crate::client::LockClient;
 pub use crate::config::{Builder, MAX_POOL_SIZE, MAX_TIMEOUT};
 pub use crate::error::{Error, Result};
-pub use crate::fenced::FencedRedis;
+pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};

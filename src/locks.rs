@@ -36,7 +36,7 @@ pub(crate) struct Locks {
     pub(crate) next_owner: AtomicU64,
     /// Which grant, taken by which thread, holds each key this client holds: the deadlock check.
     pub(crate) holders: Mutex<HashMap<String, (u64, ThreadId)>>,
-    pub(crate) pool: Pool,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) renewal: Renewal,
     pub(crate) next_grant: AtomicU64,
@@ -67,13 +67,13 @@ impl Locks {
         )
         .map_err(thread_error)?;
         Ok(Arc::new(Locks {
-            pool: Pool::new(
+            pool: Arc::new(Pool::new(
                 connector,
                 Node::SINGLE,
                 config.pool_size,
                 config.connection_timeout,
                 config.response_timeout,
-            ),
+            )),
             config,
             owner_prefix,
             next_owner: AtomicU64::new(0),

@@ -337,3 +337,75 @@ fn many_writers_never_see_an_older_token_accepted_after_a_newer_one() {
         Some(last.token)
     );
 }
+
+#[test]
+fn a_store_made_from_a_client_shares_its_connections_and_namespace() {
+    let server = RedisServer::start();
+    let client = fencelock::LockClient::builder(server.url())
+        .namespace(NAMESPACE)
+        .pool_size(1)
+        .build()
+        .unwrap();
+    let store = FencedRedis::from(&client);
+    assert_eq!(store.namespace(), NAMESPACE);
+    let mut con = server.connection();
+
+    let guard = client.lock("shared").unwrap();
+    guard.unlock().unwrap();
+    // The client's one pooled connection exists now; the store's writes and reads reuse it.
+    let before = support::info_stat(&mut con, "total_connections_received");
+    let guard = client.lock("shared").unwrap();
+    store.set("shared", guard.token(), "v1").unwrap();
+    assert_eq!(text(&store, "shared").as_deref(), Some("v1"));
+    guard.unlock().unwrap();
+    let after = support::info_stat(&mut con, "total_connections_received");
+    assert_eq!(
+        after, before,
+        "the store opened connections of its own ({before} -> {after} received)"
+    );
+
+    // A store opened on its own makes its own connection, as the counter shows.
+    let own = FencedRedis::builder(server.url())
+        .namespace(NAMESPACE)
+        .build()
+        .unwrap();
+    assert_eq!(text(&own, "shared").as_deref(), Some("v1"));
+    assert!(support::info_stat(&mut con, "total_connections_received") > after);
+}
+
+#[test]
+fn the_builder_validates_every_setting_and_its_store_works() {
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let bad = [
+        FencedRedis::builder(server.url()).pool_size(0).build(),
+        FencedRedis::builder(server.url())
+            .pool_size(100_000)
+            .build(),
+        FencedRedis::builder(server.url())
+            .connection_timeout(Duration::ZERO)
+            .build(),
+        FencedRedis::builder(server.url())
+            .response_timeout(Duration::from_secs(10 * 60 * 60))
+            .build(),
+        FencedRedis::builder(server.url())
+            .namespace("no spaces")
+            .build(),
+        FencedRedis::builder("not a url").build(),
+    ];
+    for result in bad {
+        let err = result.unwrap_err();
+        assert!(err.is_invalid_argument(), "{err:?}");
+    }
+
+    let store = FencedRedis::builder(server.url())
+        .namespace(NAMESPACE)
+        .pool_size(1)
+        .connection_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    store.set("built", t(3), "x").unwrap();
+    assert_eq!(refused(store.set("built", t(2), "y")), (2, 3));
+    assert_eq!(text(&store, "built").as_deref(), Some("x"));
+}
