@@ -1,11 +1,9 @@
-//! Our commands on the wire: RESP encoding of the few commands fencelock sends, and reading their
+//! Our commands on the wire: sending packed commands (`redis::Cmd` packs them) and reading their
 //! replies one at a time.
 //!
-//! Encoding here rather than through `redis::Cmd` and `redis::Script` saves the copies they make
-//! of every argument: a lock and an unlock each cost one buffer. Reading replies one at a time
-//! is what makes a pipeline survive a signal. A socket with a read timeout (all of ours) is
-//! never restarted by the kernel after a signal handler runs, so a read fails with `EINTR` (a
-//! debugger or `strace` attaching does the same). redis-rs then keeps the connection and drops
+//! Reading replies one at a time is what makes a pipeline survive a signal. A socket with a read
+//! timeout (all of ours) is never restarted by the kernel after a signal handler runs, so a read
+//! fails with `EINTR` (a debugger or `strace` attaching does the same). redis-rs then keeps the connection and drops
 //! the interrupted reply when it arrives. Reading a pipeline's replies one by one, we know which
 //! command lost its reply and send it again; redis-rs' own pipeline reading would instead wait
 //! for one reply too many, until the read timeout.
@@ -13,64 +11,6 @@
 use std::collections::VecDeque;
 
 use redis::{RedisError, RedisResult, RetryMethod, Value};
-
-/// One argument of a command.
-#[derive(Clone, Copy)]
-pub(crate) enum Arg<'a> {
-    Str(&'a str),
-    Int(u64),
-}
-
-/// Appends one command, as a RESP array of bulk strings, to `buf`.
-pub(crate) fn pack(buf: &mut Vec<u8>, args: &[Arg<'_>]) {
-    array(buf, args.len());
-    for a in args {
-        arg(buf, *a);
-    }
-}
-
-/// Starts a command of `len` arguments; `len` calls of [`arg`] follow.
-pub(crate) fn array(buf: &mut Vec<u8>, len: usize) {
-    buf.push(b'*');
-    push_decimal(buf, len as u64);
-    buf.extend_from_slice(b"\r\n");
-}
-
-pub(crate) fn arg(buf: &mut Vec<u8>, arg: Arg<'_>) {
-    match arg {
-        Arg::Str(s) => bulk(buf, s.as_bytes()),
-        Arg::Int(n) => {
-            let mut digits = [0u8; 20];
-            bulk(buf, decimal(n, &mut digits));
-        }
-    }
-}
-
-fn bulk(buf: &mut Vec<u8>, data: &[u8]) {
-    buf.push(b'$');
-    push_decimal(buf, data.len() as u64);
-    buf.extend_from_slice(b"\r\n");
-    buf.extend_from_slice(data);
-    buf.extend_from_slice(b"\r\n");
-}
-
-fn push_decimal(buf: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    buf.extend_from_slice(decimal(n, &mut digits));
-}
-
-fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        // n % 10 < 10: the cast cannot truncate.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &digits[at..];
-        }
-    }
-}
 
 /// Sends one command and reads its reply; a server error comes back as `Err`.
 pub(crate) fn call(con: &mut redis::Connection, packed: &[u8]) -> RedisResult<Value> {
@@ -187,24 +127,6 @@ pub(crate) fn interrupted_error() -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn packs_a_command_as_resp_bulk_strings() {
-        let mut buf = Vec::new();
-        pack(
-            &mut buf,
-            &[
-                Arg::Str("EVALSHA"),
-                Arg::Str(""),
-                Arg::Int(0),
-                Arg::Int(u64::MAX),
-            ],
-        );
-        assert_eq!(
-            buf,
-            b"*4\r\n$7\r\nEVALSHA\r\n$0\r\n\r\n$1\r\n0\r\n$20\r\n18446744073709551615\r\n"
-        );
-    }
 
     #[test]
     fn an_interrupted_read_is_told_from_timeouts_and_breaks() {

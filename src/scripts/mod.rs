@@ -15,7 +15,7 @@ use redis::{RedisResult, Script, Value};
 
 use crate::key::LockKeys;
 use crate::token::FencingToken;
-use crate::wire::{self, Arg, Interrupted};
+use crate::wire::{self, Interrupted};
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -76,14 +76,7 @@ pub(crate) fn acquire(
     let (reply, acked) = match acks {
         None => (run(con, &ACQUIRE, &buf)?, None),
         Some(acks) => {
-            wire::pack(
-                &mut buf,
-                &[
-                    Arg::Str("WAIT"),
-                    Arg::Int(u64::from(acks.replicas)),
-                    Arg::Int(millis(acks.timeout)),
-                ],
-            );
+            pack_wait(&mut buf, acks);
             let ends = [first, buf.len()];
             let (reply, acked) = both(run_pipeline(
                 con,
@@ -116,18 +109,36 @@ pub(crate) enum JoinQueue {
     Rejoin,
 }
 
-/// Appends `EVALSHA <sha> <keys> <args>` to `buf`.
+/// One argument of a script call.
+#[derive(Clone, Copy)]
+enum Arg<'a> {
+    Str(&'a str),
+    Int(u64),
+}
+
+/// Appends `EVALSHA <sha> <keys> <args>` to `buf`, a call of a pipeline to be.
 fn evalsha(buf: &mut Vec<u8>, script: &Script, keys: &[&str], args: &[Arg<'_>]) {
-    wire::array(buf, 3 + keys.len() + args.len());
-    wire::arg(buf, Arg::Str("EVALSHA"));
-    wire::arg(buf, Arg::Str(script.get_hash()));
-    wire::arg(buf, Arg::Int(keys.len() as u64));
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
     for key in keys {
-        wire::arg(buf, Arg::Str(key));
+        cmd.arg(*key);
     }
     for a in args {
-        wire::arg(buf, *a);
+        match *a {
+            Arg::Str(s) => cmd.arg(s),
+            Arg::Int(n) => cmd.arg(n),
+        };
     }
+    cmd.write_packed_command(buf);
+}
+
+/// Appends `WAIT replicas timeout` to `buf`: it counts the replicas that have every write of its
+/// connection made before it.
+fn pack_wait(buf: &mut Vec<u8>, acks: ReplicaAcks) {
+    redis::cmd("WAIT")
+        .arg(acks.replicas)
+        .arg(millis(acks.timeout))
+        .write_packed_command(buf);
 }
 
 /// Whether a server error is NOSCRIPT: the script must be loaded before it runs.
@@ -341,14 +352,7 @@ pub(crate) fn extend_acked(
     let mut buf = Vec::with_capacity(160);
     pack_extend(&mut buf, keys, owner, lease);
     let first = buf.len();
-    wire::pack(
-        &mut buf,
-        &[
-            Arg::Str("WAIT"),
-            Arg::Int(u64::from(acks.replicas)),
-            Arg::Int(millis(acks.timeout)),
-        ],
-    );
+    pack_wait(&mut buf, acks);
     let (reply, acked) = both(run_pipeline(
         con,
         &EXTEND,
