@@ -18,9 +18,14 @@
 //! queue in Redis, releasing the lock if a handoff reached it meanwhile.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::Ordering;
+#[cfg(not(test))]
+use std::sync::{atomic::AtomicBool, Mutex, MutexGuard};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
+
+#[cfg(test)]
+use checked::{AtomicBool, Mutex, MutexGuard};
 
 use crossbeam_channel::{Receiver, Select, Sender};
 
@@ -315,6 +320,108 @@ fn lock_left(slot: &Slot) -> MutexGuard<'_, Option<Left>> {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.remove();
+    }
+}
+
+/// What the queues lock with in the crate's unit tests: std's primitives, or Shuttle's when made
+/// inside a Shuttle execution, so that a model check (`tests::model`) controls and explores
+/// every interleaving of the queues' critical sections. Outside one, it is std's, as in a build.
+#[cfg(test)]
+mod checked {
+    use std::ops::{Deref, DerefMut};
+    use std::sync::atomic::Ordering;
+    use std::sync::{LockResult, PoisonError};
+
+    fn modelled() -> bool {
+        shuttle::current::try_get_current_task().is_some()
+    }
+
+    pub(super) enum Mutex<T> {
+        Std(std::sync::Mutex<T>),
+        Model(shuttle::sync::Mutex<T>),
+    }
+
+    pub(super) enum MutexGuard<'a, T> {
+        Std(std::sync::MutexGuard<'a, T>),
+        Model(shuttle::sync::MutexGuard<'a, T>),
+    }
+
+    impl<T> Mutex<T> {
+        pub(super) fn new(value: T) -> Self {
+            if modelled() {
+                Self::Model(shuttle::sync::Mutex::new(value))
+            } else {
+                Self::Std(std::sync::Mutex::new(value))
+            }
+        }
+
+        pub(super) fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
+            match self {
+                Self::Std(m) => m
+                    .lock()
+                    .map(MutexGuard::Std)
+                    .map_err(|e| PoisonError::new(MutexGuard::Std(e.into_inner()))),
+                Self::Model(m) => m
+                    .lock()
+                    .map(MutexGuard::Model)
+                    .map_err(|e| PoisonError::new(MutexGuard::Model(e.into_inner()))),
+            }
+        }
+    }
+
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Self::new(T::default())
+        }
+    }
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+
+        fn deref(&self) -> &T {
+            match self {
+                Self::Std(g) => g,
+                Self::Model(g) => g,
+            }
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            match self {
+                Self::Std(g) => g,
+                Self::Model(g) => g,
+            }
+        }
+    }
+
+    pub(super) enum AtomicBool {
+        Std(std::sync::atomic::AtomicBool),
+        Model(shuttle::sync::atomic::AtomicBool),
+    }
+
+    impl AtomicBool {
+        pub(super) fn new(value: bool) -> Self {
+            if modelled() {
+                Self::Model(shuttle::sync::atomic::AtomicBool::new(value))
+            } else {
+                Self::Std(std::sync::atomic::AtomicBool::new(value))
+            }
+        }
+
+        pub(super) fn load(&self, order: Ordering) -> bool {
+            match self {
+                Self::Std(a) => a.load(order),
+                Self::Model(a) => a.load(order),
+            }
+        }
+
+        pub(super) fn store(&self, value: bool, order: Ordering) {
+            match self {
+                Self::Std(a) => a.store(value, order),
+                Self::Model(a) => a.store(value, order),
+            }
+        }
     }
 }
 
@@ -975,5 +1082,109 @@ mod tests {
             }
         });
         assert!(keys(&w).is_empty());
+    }
+
+    /// The races above under Shuttle's exhaustive (DFS) scheduler: every interleaving of the
+    /// queues' mutexes and atomics, not just those the OS happens to produce. The channels are
+    /// crossbeam's and not modelled: their non-blocking operations (`send` on an unbounded
+    /// channel, `try_iter`) run whole between two scheduling points, which is sound for a
+    /// linearizable channel. Nothing here blocks on a channel, which Shuttle could not schedule.
+    mod model {
+        use shuttle::thread;
+
+        use super::*;
+
+        fn check(f: impl Fn() + Send + Sync + 'static) {
+            shuttle::check_dfs(f, None);
+        }
+
+        #[test]
+        fn a_grant_racing_leave_is_taken_or_given_back_in_every_interleaving() {
+            check(|| {
+                let w = waiters();
+                let a = w.join(TAG, "a", LEASE);
+                let b = w.join(TAG, "b", LEASE);
+                let head = w.next(TAG).unwrap();
+                let releaser = {
+                    let w = Arc::clone(&w);
+                    thread::spawn(move || w.deliver_to(&head, granted(1)))
+                };
+                let (late, named) = a.leave();
+                assert!(named);
+                match (releaser.join().unwrap(), late) {
+                    (Ok(()), Some(wake)) => assert_eq!(wake, granted(1)),
+                    (Err(Left::WithoutGrant), None) => {}
+                    other => panic!("grant lost or doubled: {other:?}"),
+                }
+                assert!(b.is_head());
+                assert_eq!(pending(&b), [Wake::Attempt]);
+            });
+        }
+
+        #[test]
+        fn naming_and_a_grant_racing_leave_never_lose_it() {
+            check(|| {
+                let w = waiters();
+                let a = w.join(TAG, "a", LEASE);
+                let b = w.join(TAG, "b", LEASE);
+                let releaser = {
+                    let w = Arc::clone(&w);
+                    thread::spawn(move || {
+                        let head = w.next(TAG).unwrap();
+                        let delivered = w.deliver_to(&head, granted(1));
+                        (head.owner().to_owned(), delivered)
+                    })
+                };
+                let (late, a_named) = a.leave();
+                let (named, delivered) = releaser.join().unwrap();
+                let b_wakes = pending(&b);
+                if named == "a" {
+                    assert!(a_named);
+                    match (delivered, late) {
+                        (Ok(()), Some(_)) | (Err(Left::WithoutGrant), None) => {}
+                        other => panic!("grant lost or doubled: {other:?}"),
+                    }
+                    assert_eq!(b_wakes, [Wake::Attempt]);
+                } else {
+                    assert_eq!((late, a_named, delivered), (None, false, Ok(())));
+                    assert_eq!(b_wakes, [Wake::Attempt, granted(1)]);
+                }
+            });
+        }
+
+        #[test]
+        fn a_handoff_racing_leave_is_taken_or_refused_in_every_interleaving() {
+            check(|| {
+                let w = waiters();
+                let a = w.join(TAG, "a", LEASE);
+                let listener = {
+                    let w = Arc::clone(&w);
+                    thread::spawn(move || w.deliver_handoff(TAG, "a", FencingToken::new(1)))
+                };
+                let (late, _) = a.leave();
+                let delivered = listener.join().unwrap();
+                assert_eq!(delivered, late.is_some());
+                assert!(keys(&w).is_empty());
+            });
+        }
+
+        /// The head and the waiter behind it leave at once: the one left is woken exactly once,
+        /// whichever goes first.
+        #[test]
+        fn two_leaving_at_once_wake_the_one_left_exactly_once() {
+            check(|| {
+                let w = waiters();
+                let a = w.join(TAG, "a", LEASE);
+                let b = w.join(TAG, "b", LEASE);
+                let c = w.join(TAG, "c", LEASE);
+                let other = thread::spawn(move || {
+                    let _ = b.leave();
+                });
+                let _ = a.leave();
+                other.join().unwrap();
+                assert!(c.is_head());
+                assert_eq!(pending(&c), [Wake::Attempt]);
+            });
+        }
     }
 }
