@@ -317,9 +317,27 @@ fn lock_left(slot: &Slot) -> MutexGuard<'_, Option<Left>> {
     slot.left.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Only a panic unwinding through a wait drops a ticket without `leave` or `leave_granted`. A
+/// grant that reached it before cannot be given back from here (that takes a round trip): it
+/// runs out with its lease, and the drop says so.
 impl Drop for Ticket {
     fn drop(&mut self) {
+        if self.left {
+            return;
+        }
         self.remove();
+        if self.granted {
+            return;
+        }
+        if let Some(Wake::Granted { token, .. }) =
+            self.rx.try_iter().find(|w| matches!(w, Wake::Granted { .. }))
+        {
+            log::warn!(
+                "fencelock: a waiter for {:?} was dropped holding a handoff (token {token}); \
+                 the lock runs out with its lease",
+                self.tag
+            );
+        }
     }
 }
 
