@@ -438,3 +438,465 @@ fn expiry_reason(grant: &Grant, now: Instant) -> Why {
 fn retry_delay(lease: Duration) -> Duration {
     (lease / 10).clamp(Duration::from_millis(2), Duration::from_millis(500))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Weak;
+
+    use super::*;
+    use crate::grant::{drift_margin, NewGrant};
+    use crate::key::LockKeys;
+    use crate::token::FencingToken;
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const MS: Duration = Duration::from_millis(1);
+
+    /// What renews a test grant: the client's default, nothing, or renewal up to a `max_hold`.
+    #[derive(Clone, Copy)]
+    enum Renew {
+        On,
+        Off,
+        Until(Duration),
+    }
+
+    /// A grant granted by a round trip sent at `sent`, for `lease`.
+    fn grant(id: u64, sent: Instant, lease: Duration, renew: Renew) -> Arc<Grant> {
+        let mut keys = LockKeys::new("ns", &format!("k{id}")).unwrap();
+        keys.set_owner("owner:", id);
+        let new = NewGrant {
+            keys,
+            token: FencingToken::new(id),
+            sent,
+            granted: lease,
+            lease,
+            auto_renew: !matches!(renew, Renew::Off),
+            max_hold: match renew {
+                Renew::Until(max_hold) => Some(max_hold),
+                _ => None,
+            },
+            queued: false,
+            local_run: 0,
+        };
+        Arc::new(Grant::new(id, new, Weak::new()))
+    }
+
+    fn grants(ids: std::ops::Range<u64>, sent: Instant) -> Vec<Arc<Grant>> {
+        ids.map(|id| grant(id, sent, LEASE, Renew::On)).collect()
+    }
+
+    fn one_node(_: &Grant) -> u32 {
+        0
+    }
+
+    fn ids(grants: &[Arc<Grant>]) -> Vec<u64> {
+        let mut ids: Vec<u64> = grants.iter().map(|g| g.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Every grant of a round, whatever its pipeline.
+    fn all(round: Round<u32>) -> Vec<Arc<Grant>> {
+        round.pipelines.into_iter().flat_map(|(_, b)| b).collect()
+    }
+
+    fn reasons(lost: &[Loss]) -> Vec<(u64, Why)> {
+        lost.iter().map(|l| (l.grant.id, l.why.clone())).collect()
+    }
+
+    /// Renews a round's grants as if every pipeline was sent at `sent` and answered with
+    /// `reply`, read by `now`.
+    fn settle_all(
+        schedule: &mut Schedule,
+        round: Round<u32>,
+        reply: fn() -> Reply,
+        sent: Instant,
+        now: Instant,
+    ) -> Vec<Loss> {
+        let mut lost = Vec::new();
+        for (_, batch) in round.pipelines {
+            let leases = batch.iter().map(|g| g.renewal_lease()).collect();
+            let replies: Vec<Reply> = batch.iter().map(|_| reply()).collect();
+            lost.extend(schedule.settle(batch, leases, replies, sent, now));
+        }
+        lost
+    }
+
+    impl Schedule {
+        /// The cohort a tracked grant is filed in, its index there, the cohort's next renewal
+        /// and its deadline.
+        fn filed(&self, id: u64) -> Option<(u64, usize, Option<Instant>, Instant)> {
+            self.cohorts.iter().find_map(|(&cohort_id, c)| {
+                let index = c.members.iter().position(|g| g.id == id)?;
+                Some((cohort_id, index, c.next, c.deadline))
+            })
+        }
+    }
+
+    #[test]
+    fn a_grant_falls_due_a_third_of_a_lease_after_it_was_sent_and_not_before() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(1..2, t0));
+        assert_eq!(schedule.next_wake(), Some(t0 + LEASE / 3));
+        assert!(schedule.due(t0 + LEASE / 3 - MS, one_node).is_none());
+        assert!(schedule.tracks(1));
+        let round = schedule.due(t0 + LEASE / 3, one_node).unwrap();
+        assert_eq!(round.earliest, t0 + LEASE - drift_margin(LEASE));
+        assert_eq!(ids(&all(round)), [1]);
+        // Taken out for the round trip, still tracked until its reply is in.
+        assert!(schedule.tracks(1));
+        assert_eq!(schedule.filed(1), None);
+    }
+
+    #[test]
+    fn grants_due_within_a_sixth_of_a_lease_go_in_one_round() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        // Due at 10 s, 14 s and 16 s; the window is 5 s.
+        schedule.hold(grants(1..2, t0));
+        schedule.hold(grants(2..3, t0 + Duration::from_secs(4)));
+        schedule.hold(grants(3..4, t0 + Duration::from_secs(6)));
+        let round = schedule.due(t0 + LEASE / 3, one_node).unwrap();
+        assert_eq!(round.pipelines.len(), 1);
+        assert_eq!(ids(&all(round)), [1, 2]);
+        assert_eq!(
+            schedule.next_wake(),
+            Some(t0 + Duration::from_secs(6) + LEASE / 3)
+        );
+        let later = schedule.due(t0 + Duration::from_secs(16), one_node);
+        assert_eq!(ids(&all(later.unwrap())), [3]);
+    }
+
+    #[test]
+    fn a_confirmed_renewal_refiles_a_third_of_a_lease_after_it_was_sent() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(1..3, t0));
+        let sent = t0 + LEASE / 3;
+        let round = schedule.due(sent, one_node).unwrap();
+        let lost = settle_all(
+            &mut schedule,
+            round,
+            || Reply::Extended,
+            sent,
+            sent + 5 * MS,
+        );
+        assert!(lost.is_empty());
+        let deadline = sent + LEASE - drift_margin(LEASE);
+        let (cohort, _, next, cohort_deadline) = schedule.filed(1).unwrap();
+        assert_eq!(next, Some(sent + LEASE / 3));
+        assert_eq!(cohort_deadline, deadline);
+        // One pipeline, one lease: one cohort.
+        assert_eq!(schedule.filed(2).unwrap().0, cohort);
+        for id in [1, 2] {
+            let grant = &schedule.held[&id];
+            assert_eq!(grant.deadline(), deadline);
+            assert_eq!(grant.next_renewal(), sent + LEASE / 3);
+            assert!(grant.is_held());
+        }
+        assert!(schedule.due(sent + LEASE / 3 - MS, one_node).is_none());
+        let again = schedule.due(sent + LEASE / 3, one_node).unwrap();
+        assert_eq!(ids(&all(again)), [1, 2]);
+    }
+
+    #[test]
+    fn a_deadline_passed_with_renewal_on_loses_the_grant_as_run_out() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let g = grant(1, t0, LEASE, Renew::On);
+        schedule.hold(vec![Arc::clone(&g)]);
+        let deadline = g.deadline();
+        assert!(schedule.expire_overdue(deadline - MS).is_empty());
+        let lost = schedule.expire_overdue(deadline);
+        assert_eq!(reasons(&lost), [(1, Why::RanOut)]);
+        assert!(!schedule.tracks(1));
+        assert!(schedule.is_empty());
+        assert_eq!(schedule.next_wake(), None);
+    }
+
+    #[test]
+    fn a_deadline_passed_with_renewal_off_loses_the_grant_as_not_renewed() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let g = grant(1, t0, LEASE, Renew::Off);
+        schedule.hold(vec![Arc::clone(&g)]);
+        // Never due: only its deadline wakes the thread.
+        assert_eq!(schedule.next_wake(), Some(g.deadline()));
+        assert!(schedule.due(g.deadline() - MS, one_node).is_none());
+        let lost = schedule.expire_overdue(g.deadline());
+        assert_eq!(reasons(&lost), [(1, Why::RenewalOff)]);
+        assert!(schedule.is_empty());
+    }
+
+    #[test]
+    fn renewal_stops_at_max_hold_and_the_loss_says_so() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        // Renewed once at 10 s; the next renewal (20 s) would fall after max_hold (15 s).
+        let g = grant(1, t0, LEASE, Renew::Until(Duration::from_secs(15)));
+        schedule.hold(vec![Arc::clone(&g)]);
+        let sent = t0 + LEASE / 3;
+        let round = schedule.due(sent, one_node).unwrap();
+        assert!(settle_all(&mut schedule, round, || Reply::Extended, sent, sent).is_empty());
+        assert_eq!(schedule.filed(1).unwrap().2, None);
+        assert_eq!(schedule.next_wake(), Some(g.deadline()));
+        let lost = schedule.expire_overdue(g.deadline());
+        assert_eq!(reasons(&lost), [(1, Why::MaxHold)]);
+
+        // A max_hold shorter than a third of the lease: never renewed at all.
+        let short = grant(2, t0, LEASE, Renew::Until(Duration::from_secs(5)));
+        schedule.hold(vec![Arc::clone(&short)]);
+        assert!(schedule.due(t0 + LEASE, one_node).is_none());
+        let lost = schedule.expire_overdue(short.deadline());
+        assert_eq!(reasons(&lost), [(2, Why::MaxHold)]);
+    }
+
+    #[test]
+    fn replies_of_a_pipeline_file_each_grant_by_its_own_reply() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(1..5, t0));
+        let sent = t0 + LEASE / 3;
+        let (_, batch) = schedule
+            .due(sent, one_node)
+            .unwrap()
+            .pipelines
+            .pop()
+            .unwrap();
+        let mut batch = batch;
+        batch.sort_by_key(|g| g.id);
+        let leases = batch.iter().map(|g| g.renewal_lease()).collect();
+        let replies = [
+            Reply::Extended,
+            Reply::Gone,
+            Reply::Refused("WRONGTYPE".to_owned()),
+            Reply::Unknown,
+        ];
+        let lost = schedule.settle(batch, leases, replies, sent, sent + MS);
+        assert_eq!(
+            reasons(&lost),
+            [(2, Why::Gone), (3, Why::Refused("WRONGTYPE".to_owned()))]
+        );
+        assert_eq!(
+            lost[1].why.to_string(),
+            "redis refused to renew it: WRONGTYPE"
+        );
+        assert!(schedule.tracks(1) && schedule.tracks(4));
+        assert!(!schedule.tracks(2) && !schedule.tracks(3));
+        // The unread one is tried again soon: a tenth of its lease, at most 500 ms.
+        assert_eq!(schedule.filed(4).unwrap().2, Some(sent + 500 * MS));
+        assert_eq!(schedule.filed(1).unwrap().2, Some(sent + LEASE / 3));
+    }
+
+    #[test]
+    fn a_failed_pipeline_is_retried_after_a_tenth_of_the_shortest_lease() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let short = Duration::from_secs(1);
+        schedule.hold(vec![
+            grant(1, t0, short, Renew::On),
+            grant(2, t0, LEASE, Renew::On),
+        ]);
+        let sent = t0 + short / 3;
+        let (_, batch) = schedule
+            .due(sent, one_node)
+            .unwrap()
+            .pipelines
+            .pop()
+            .unwrap();
+        assert_eq!(ids(&batch), [1, 2]);
+        let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
+        schedule.retry(batch, &leases, sent);
+        assert!(schedule.due(sent + 100 * MS - MS, one_node).is_none());
+        let again = schedule.due(sent + 100 * MS, one_node).unwrap();
+        assert_eq!(ids(&all(again)), [1, 2]);
+    }
+
+    #[test]
+    fn a_pipeline_whose_deadlines_passed_before_it_was_sent_loses_those_grants() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let short = grant(1, t0, Duration::from_secs(3), Renew::On);
+        schedule.hold(vec![Arc::clone(&short)]);
+        schedule.hold(grants(2..3, t0 + Duration::from_millis(500)));
+        let round = schedule.due(t0 + LEASE / 3, one_node).unwrap();
+        let earliest = round.earliest;
+        assert_eq!(earliest, short.deadline());
+        let batch = all(round);
+        let (alive, lost) = schedule.unexpired(batch.clone(), earliest, earliest - MS);
+        assert_eq!((ids(&alive), lost.len()), (vec![1, 2], 0));
+        let (alive, lost) = schedule.unexpired(batch, earliest, earliest);
+        assert_eq!(ids(&alive), [2]);
+        assert_eq!(reasons(&lost), [(1, Why::RanOut)]);
+    }
+
+    #[test]
+    fn a_confirmation_after_the_deadline_leaves_the_grant_lost() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let g = grant(1, t0, LEASE, Renew::On);
+        schedule.hold(vec![Arc::clone(&g)]);
+        let sent = t0 + LEASE / 3;
+        let round = schedule.due(sent, one_node).unwrap();
+        let late = g.deadline();
+        // `confirm` itself marks it lost: nothing is left for the thread to report.
+        let lost = settle_all(&mut schedule, round, || Reply::Extended, sent, late);
+        assert!(lost.is_empty());
+        assert!(!schedule.tracks(1));
+        assert!(!g.is_held());
+        assert!(!g.confirm(sent, LEASE, sent + MS));
+        assert!(!g.is_held());
+    }
+
+    #[test]
+    fn an_explicit_extend_moves_its_grant_to_a_cohort_of_its_own() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let gs = grants(1..3, t0);
+        let (a, b) = (Arc::clone(&gs[0]), Arc::clone(&gs[1]));
+        schedule.hold(gs);
+        let together = schedule.filed(1).unwrap().0;
+        assert_eq!(schedule.filed(2).unwrap().0, together);
+
+        let long = 2 * LEASE;
+        let sent = t0 + Duration::from_secs(1);
+        assert!(schedule
+            .extended(&a, long, Reply::Extended, sent, sent + MS)
+            .is_none());
+        let (alone, _, next, deadline) = schedule.filed(1).unwrap();
+        assert_ne!(alone, together);
+        assert_eq!(schedule.filed(2).unwrap().0, together);
+        assert_eq!(a.renewal_lease(), long);
+        assert_eq!(next, Some(sent + long / 3));
+        assert_eq!(deadline, sent + long - drift_margin(long));
+        assert_eq!(a.deadline(), deadline);
+        assert_eq!(b.deadline(), t0 + LEASE - drift_margin(LEASE));
+
+        // A shorter extend after it re-arms renewals to the shorter lease, and keeps the later
+        // deadline the longer one promised.
+        let later = sent + Duration::from_secs(1);
+        assert!(schedule
+            .extended(&a, LEASE, Reply::Extended, later, later + MS)
+            .is_none());
+        let (_, _, next, kept) = schedule.filed(1).unwrap();
+        assert_eq!(kept, deadline);
+        assert_eq!(a.deadline(), deadline);
+        assert_eq!(a.renewal_lease(), LEASE);
+        assert_eq!(next, Some(later + LEASE / 3));
+    }
+
+    #[test]
+    fn an_extend_whose_outcome_is_unknown_changes_nothing() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let g = grant(1, t0, LEASE, Renew::On);
+        schedule.hold(vec![Arc::clone(&g)]);
+        let before = (schedule.filed(1), g.deadline(), g.next_renewal());
+        let sent = t0 + Duration::from_secs(1);
+        let lost = schedule.extended(&g, 2 * LEASE, Reply::Unknown, sent, sent + MS);
+        assert!(lost.is_none());
+        assert_eq!((schedule.filed(1), g.deadline(), g.next_renewal()), before);
+        assert_eq!(g.renewal_lease(), LEASE);
+        assert!(g.is_held());
+    }
+
+    #[test]
+    fn an_extend_refused_or_finding_the_key_gone_loses_the_grant() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let gs = grants(1..3, t0);
+        schedule.hold(gs.clone());
+        let lost = schedule.extended(&gs[0], LEASE, Reply::Gone, t0, t0 + MS);
+        assert_eq!(
+            reasons(&lost.into_iter().collect::<Vec<_>>()),
+            [(1, Why::Gone)]
+        );
+        let e = Reply::Refused("ERR".to_owned());
+        let lost = schedule.extended(&gs[1], LEASE, e, t0, t0 + MS);
+        assert_eq!(
+            reasons(&lost.into_iter().collect::<Vec<_>>()),
+            [(2, Why::Refused("ERR".to_owned()))]
+        );
+        assert!(schedule.is_empty());
+    }
+
+    #[test]
+    fn forgetting_a_grant_takes_it_out_of_its_cohort_at_once() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(1..4, t0));
+        let cohort = schedule.filed(1).unwrap().0;
+        assert_eq!(schedule.forget(1).map(|g| g.id), Some(1));
+        assert_eq!(schedule.forget(1).map(|g| g.id), None);
+        // The last member took the freed index, and knows it: forgetting it finds it there.
+        assert_eq!(schedule.filed(3).unwrap().1, 0);
+        assert_eq!(schedule.forget(3).map(|g| g.id), Some(3));
+        assert_eq!(schedule.filed(2).unwrap().0, cohort);
+        assert_eq!(schedule.forget(2).map(|g| g.id), Some(2));
+        // The emptied cohort is gone, from both orders.
+        assert!(schedule.is_empty());
+        assert!(schedule.cohorts.is_empty());
+        assert_eq!(schedule.next_wake(), None);
+    }
+
+    #[test]
+    fn a_stale_cohort_slot_is_a_no_op() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(1..3, t0));
+        // Taken out for a round trip: their cohort is gone, their places still name it.
+        let round = schedule.due(t0 + LEASE / 3, one_node).unwrap();
+        assert_eq!(schedule.forget(1).map(|g| g.id), Some(1));
+        assert!(schedule.tracks(2));
+        let sent = t0 + LEASE / 3;
+        let lost = settle_all(&mut schedule, round, || Reply::Extended, sent, sent);
+        assert!(lost.is_empty());
+        assert!(!schedule.tracks(1));
+        assert!(schedule.filed(2).is_some());
+
+        // A place that names another grant's slot leaves that grant alone.
+        let x = grant(3, t0, LEASE, Renew::On);
+        schedule.hold(vec![Arc::clone(&x)]);
+        let (cohort, index, _, _) = schedule.filed(2).unwrap();
+        x.place.set(cohort, index);
+        assert_eq!(schedule.forget(3).map(|g| g.id), Some(3));
+        assert_eq!(schedule.filed(2).unwrap().0, cohort);
+        assert!(schedule.tracks(2));
+    }
+
+    #[test]
+    fn ten_thousand_grants_filed_together_renew_in_pipelines_of_at_most_a_batch() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(0..10_000, t0));
+        assert_eq!(schedule.cohorts.len(), 1);
+        let sent = t0 + LEASE / 3;
+        let round = schedule.due(sent, one_node).unwrap();
+        assert_eq!(round.pipelines.len(), 10_000 / BATCH);
+        assert!(round.pipelines.iter().all(|(_, b)| b.len() <= BATCH));
+        let mut renewed: Vec<u64> = round.pipelines.iter().flat_map(|(_, b)| ids(b)).collect();
+        renewed.sort_unstable();
+        assert_eq!(renewed, (0..10_000).collect::<Vec<_>>());
+
+        assert!(settle_all(&mut schedule, round, || Reply::Extended, sent, sent).is_empty());
+        // A cohort per pipeline, all due together again.
+        assert_eq!(schedule.cohorts.len(), 10_000 / BATCH);
+        assert_eq!(schedule.next_wake(), Some(sent + LEASE / 3));
+    }
+
+    #[test]
+    fn a_pipeline_goes_to_one_node() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(0..2_500, t0));
+        let round = schedule
+            .due(t0 + LEASE / 3, |g: &Grant| (g.id % 2) as u32)
+            .unwrap();
+        let mut sizes = Vec::new();
+        for (node, batch) in &round.pipelines {
+            assert!(batch.iter().all(|g| (g.id % 2) as u32 == *node));
+            sizes.push((*node, batch.len()));
+        }
+        assert_eq!(sizes, [(0, 1000), (0, 250), (1, 1000), (1, 250)]);
+    }
+}
