@@ -8,11 +8,11 @@
 //! local deadline passes without a confirmed renewal (Redis unreachable, this thread stalled), is
 //! reported lost through its guard's signal.
 //!
-//! The bookkeeping is a [`Schedule`](schedule::Schedule), which does no I/O and reads no clock:
-//! it says which grants are due and which are lost, and is told the replies. Renewal times and
-//! deadlines are kept there in ordered sets, so each tick costs time in proportion to the leases
-//! it renews, not to all leases held. This file is the thread around it: the inbox, the
-//! doorbell, the connections and the wire.
+//! The bookkeeping is a [`Schedule`], which does no I/O and reads no clock: it says which grants
+//! are due and which are lost, and is told the replies. Renewal times and deadlines are kept
+//! there in ordered sets, so each tick costs time in proportion to the leases it renews, not to
+//! all leases held. This file is the thread around it: the inbox, the doorbell, the connections
+//! and the wire.
 //!
 //! Taking and releasing a lock costs no wake-up of this thread, which on a small machine would
 //! compete with the caller and Redis for a core: a new grant rings the thread's doorbell (a

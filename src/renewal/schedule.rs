@@ -484,6 +484,23 @@ mod tests {
         ids.map(|id| grant(id, sent, LEASE, Renew::On)).collect()
     }
 
+    /// A schedule that holds grants with these ids, granted now for [`LEASE`], and now.
+    fn holding(ids: std::ops::Range<u64>) -> (Instant, Schedule) {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.hold(grants(ids, t0));
+        (t0, schedule)
+    }
+
+    /// A schedule that holds one grant, granted now for [`LEASE`] and renewed as `renew`.
+    fn holding_one(renew: Renew) -> (Instant, Schedule, Arc<Grant>) {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::default();
+        let g = grant(1, t0, LEASE, renew);
+        schedule.hold(vec![Arc::clone(&g)]);
+        (t0, schedule, g)
+    }
+
     fn one_node(_: &Grant) -> u32 {
         0
     }
@@ -497,6 +514,20 @@ mod tests {
     /// Every grant of a round, whatever its pipeline.
     fn all(round: Round<u32>) -> Vec<Arc<Grant>> {
         round.pipelines.into_iter().flat_map(|(_, b)| b).collect()
+    }
+
+    /// The grants of the one pipeline due at `now`, by id.
+    fn one_pipeline(schedule: &mut Schedule, now: Instant) -> Vec<Arc<Grant>> {
+        let mut round = schedule.due(now, one_node).unwrap();
+        assert_eq!(round.pipelines.len(), 1);
+        let (_, mut batch) = round.pipelines.pop().unwrap();
+        batch.sort_by_key(|g| g.id);
+        batch
+    }
+
+    /// The leases a renewal of `batch` re-arms.
+    fn leases(batch: &[Arc<Grant>]) -> Vec<Duration> {
+        batch.iter().map(|g| g.renewal_lease()).collect()
     }
 
     fn reasons(lost: &[Loss]) -> Vec<(u64, Why)> {
@@ -514,9 +545,8 @@ mod tests {
     ) -> Vec<Loss> {
         let mut lost = Vec::new();
         for (_, batch) in round.pipelines {
-            let leases = batch.iter().map(|g| g.renewal_lease()).collect();
             let replies: Vec<Reply> = batch.iter().map(|_| reply()).collect();
-            lost.extend(schedule.settle(batch, leases, replies, sent, now));
+            lost.extend(schedule.settle(batch.clone(), leases(&batch), replies, sent, now));
         }
         lost
     }
@@ -534,9 +564,7 @@ mod tests {
 
     #[test]
     fn a_grant_falls_due_a_third_of_a_lease_after_it_was_sent_and_not_before() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(1..2, t0));
+        let (t0, mut schedule) = holding(1..2);
         assert_eq!(schedule.next_wake(), Some(t0 + LEASE / 3));
         assert!(schedule.due(t0 + LEASE / 3 - MS, one_node).is_none());
         assert!(schedule.tracks(1));
@@ -569,9 +597,7 @@ mod tests {
 
     #[test]
     fn a_confirmed_renewal_refiles_a_third_of_a_lease_after_it_was_sent() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(1..3, t0));
+        let (t0, mut schedule) = holding(1..3);
         let sent = t0 + LEASE / 3;
         let round = schedule.due(sent, one_node).unwrap();
         let lost = settle_all(
@@ -601,10 +627,7 @@ mod tests {
 
     #[test]
     fn a_deadline_passed_with_renewal_on_loses_the_grant_as_run_out() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        let g = grant(1, t0, LEASE, Renew::On);
-        schedule.hold(vec![Arc::clone(&g)]);
+        let (_, mut schedule, g) = holding_one(Renew::On);
         let deadline = g.deadline();
         assert!(schedule.expire_overdue(deadline - MS).is_empty());
         let lost = schedule.expire_overdue(deadline);
@@ -616,10 +639,7 @@ mod tests {
 
     #[test]
     fn a_deadline_passed_with_renewal_off_loses_the_grant_as_not_renewed() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        let g = grant(1, t0, LEASE, Renew::Off);
-        schedule.hold(vec![Arc::clone(&g)]);
+        let (_, mut schedule, g) = holding_one(Renew::Off);
         // Never due: only its deadline wakes the thread.
         assert_eq!(schedule.next_wake(), Some(g.deadline()));
         assert!(schedule.due(g.deadline() - MS, one_node).is_none());
@@ -653,19 +673,10 @@ mod tests {
 
     #[test]
     fn replies_of_a_pipeline_file_each_grant_by_its_own_reply() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(1..5, t0));
+        let (t0, mut schedule) = holding(1..5);
         let sent = t0 + LEASE / 3;
-        let (_, batch) = schedule
-            .due(sent, one_node)
-            .unwrap()
-            .pipelines
-            .pop()
-            .unwrap();
-        let mut batch = batch;
-        batch.sort_by_key(|g| g.id);
-        let leases = batch.iter().map(|g| g.renewal_lease()).collect();
+        let batch = one_pipeline(&mut schedule, sent);
+        let leases = leases(&batch);
         let replies = [
             Reply::Extended,
             Reply::Gone,
@@ -698,15 +709,9 @@ mod tests {
             grant(2, t0, LEASE, Renew::On),
         ]);
         let sent = t0 + short / 3;
-        let (_, batch) = schedule
-            .due(sent, one_node)
-            .unwrap()
-            .pipelines
-            .pop()
-            .unwrap();
+        let batch = one_pipeline(&mut schedule, sent);
         assert_eq!(ids(&batch), [1, 2]);
-        let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
-        schedule.retry(batch, &leases, sent);
+        schedule.retry(batch.clone(), &leases(&batch), sent);
         assert!(schedule.due(sent + 100 * MS - MS, one_node).is_none());
         let again = schedule.due(sent + 100 * MS, one_node).unwrap();
         assert_eq!(ids(&all(again)), [1, 2]);
@@ -732,10 +737,7 @@ mod tests {
 
     #[test]
     fn a_confirmation_after_the_deadline_leaves_the_grant_lost() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        let g = grant(1, t0, LEASE, Renew::On);
-        schedule.hold(vec![Arc::clone(&g)]);
+        let (t0, mut schedule, g) = holding_one(Renew::On);
         let sent = t0 + LEASE / 3;
         let round = schedule.due(sent, one_node).unwrap();
         let late = g.deadline();
@@ -787,10 +789,7 @@ mod tests {
 
     #[test]
     fn an_extend_whose_outcome_is_unknown_changes_nothing() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        let g = grant(1, t0, LEASE, Renew::On);
-        schedule.hold(vec![Arc::clone(&g)]);
+        let (t0, mut schedule, g) = holding_one(Renew::On);
         let before = (schedule.filed(1), g.deadline(), g.next_renewal());
         let sent = t0 + Duration::from_secs(1);
         let lost = schedule.extended(&g, 2 * LEASE, Reply::Unknown, sent, sent + MS);
@@ -822,9 +821,7 @@ mod tests {
 
     #[test]
     fn forgetting_a_grant_takes_it_out_of_its_cohort_at_once() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(1..4, t0));
+        let (_, mut schedule) = holding(1..4);
         let cohort = schedule.filed(1).unwrap().0;
         assert_eq!(schedule.forget(1).map(|g| g.id), Some(1));
         assert_eq!(schedule.forget(1).map(|g| g.id), None);
@@ -841,9 +838,7 @@ mod tests {
 
     #[test]
     fn a_stale_cohort_slot_is_a_no_op() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(1..3, t0));
+        let (t0, mut schedule) = holding(1..3);
         // Taken out for a round trip: their cohort is gone, their places still name it.
         let round = schedule.due(t0 + LEASE / 3, one_node).unwrap();
         assert_eq!(schedule.forget(1).map(|g| g.id), Some(1));
@@ -866,9 +861,7 @@ mod tests {
 
     #[test]
     fn ten_thousand_grants_filed_together_renew_in_pipelines_of_at_most_a_batch() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(0..10_000, t0));
+        let (t0, mut schedule) = holding(0..10_000);
         assert_eq!(schedule.cohorts.len(), 1);
         let sent = t0 + LEASE / 3;
         let round = schedule.due(sent, one_node).unwrap();
@@ -886,9 +879,7 @@ mod tests {
 
     #[test]
     fn a_pipeline_goes_to_one_node() {
-        let t0 = Instant::now();
-        let mut schedule = Schedule::default();
-        schedule.hold(grants(0..2_500, t0));
+        let (t0, mut schedule) = holding(0..2_500);
         let round = schedule
             .due(t0 + LEASE / 3, |g: &Grant| (g.id % 2) as u32)
             .unwrap();
