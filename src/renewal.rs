@@ -1,15 +1,18 @@
 //! The renewal thread: one per client, extending every held lease about every lease/3.
 //!
 //! Guards register and deregister through an inbox the thread reads whenever it wakes; the
-//! thread sleeps until the next lease is due, then extends every lease that is due, or nearly so, in
-//! pipelines of up to [`BATCH`] owner-checked extend calls, one pipeline per node: one round trip
-//! renews many locks. It uses connections of its own, so callers exhausting the pool cannot
-//! starve it. A lease that
-//! Redis reports gone or re-owned, or whose local deadline passes without a confirmed renewal
-//! (Redis unreachable, this thread stalled), is reported lost through its guard's signal.
+//! thread sleeps until the next lease is due, then extends every lease that is due, or nearly
+//! so, in pipelines of up to [`BATCH`](schedule::BATCH) owner-checked extend calls, one pipeline
+//! per node: one round trip renews many locks. It uses connections of its own, so callers
+//! exhausting the pool cannot starve it. A lease that Redis reports gone or re-owned, or whose
+//! local deadline passes without a confirmed renewal (Redis unreachable, this thread stalled), is
+//! reported lost through its guard's signal.
 //!
-//! Renewal times and deadlines are kept in ordered sets, so each tick costs time in proportion
-//! to the leases it renews, not to all leases held.
+//! The bookkeeping is a [`Schedule`], which does no I/O and reads no clock: it says which grants
+//! are due and which are lost, and is told the replies. Renewal times and deadlines are kept
+//! there in ordered sets, so each tick costs time in proportion to the leases it renews, not to
+//! all leases held. This file is the thread around it: the inbox, the doorbell, the connections
+//! and the wire.
 //!
 //! Taking and releasing a lock costs no wake-up of this thread, which on a small machine would
 //! compete with the caller and Redis for a core: a new grant rings the thread's doorbell (a
@@ -18,7 +21,7 @@
 //! The thread holds no reference to the client: when the client and all its guards are dropped,
 //! the doorbell disconnects and the thread exits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -30,8 +33,10 @@ use crate::grant::Grant;
 use crate::scripts;
 use crate::wire::Interrupted;
 
-/// Most extend calls in one pipeline (one round trip).
-const BATCH: usize = 1000;
+mod schedule;
+
+use schedule::{Loss, Reply, Schedule};
+
 /// Shortest read or connect timeout the thread uses.
 const MIN_TIMEOUT: Duration = Duration::from_millis(5);
 /// Commands that may wait in the inbox before the thread is rung to take them in anyway.
@@ -129,20 +134,6 @@ fn lock_inbox(inbox: &Mutex<Inbox>) -> MutexGuard<'_, Inbox> {
     inbox.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Grants renewed by one round trip, or taken in together: they fall due for renewal at the same
-/// time. Bookkeeping per cohort rather than per grant keeps a renewal tick to a walk over a few
-/// vectors: 10,000 leases renewed in 10 pipelines make 10 cohorts.
-struct Cohort {
-    /// When its leases fall due for renewal; `None` when they are not renewed.
-    next: Option<Instant>,
-    /// No member's local deadline is earlier.
-    deadline: Instant,
-    /// A sixth of the shortest lease: leases due this much later go in the same round trip.
-    window: Duration,
-    /// Each member's `Grant::place` says where in here it stands.
-    members: Vec<Arc<Grant>>,
-}
-
 struct Renewer {
     inbox: Arc<Mutex<Inbox>>,
     /// Longest sleep: a sixth of the client's lease, at most a second.
@@ -152,13 +143,8 @@ struct Renewer {
     response_timeout: Duration,
     /// One connection per node, made when first needed and dropped when it fails.
     cons: HashMap<Node, redis::Connection>,
-    held: HashMap<u64, Arc<Grant>>,
-    cohorts: HashMap<u64, Cohort>,
-    next_cohort: u64,
-    /// `(next renewal, cohort)` of every cohort that is renewed.
-    renewals: BTreeSet<(Instant, u64)>,
-    /// `(deadline, cohort)` of every cohort.
-    deadlines: BTreeSet<(Instant, u64)>,
+    /// Every grant tracked: when each falls due, by when each must be confirmed.
+    schedule: Schedule,
     /// The commands of one pipeline and where each ends, reused.
     buf: (Vec<u8>, Vec<usize>),
 }
@@ -178,11 +164,7 @@ pub(crate) fn spawn(
         connection_timeout,
         response_timeout,
         cons: HashMap::new(),
-        held: HashMap::new(),
-        cohorts: HashMap::new(),
-        next_cohort: 0,
-        renewals: BTreeSet::new(),
-        deadlines: BTreeSet::new(),
+        schedule: Schedule::default(),
         buf: (Vec::new(), Vec::new()),
     };
     thread::Builder::new()
@@ -208,12 +190,9 @@ impl Renewer {
             for command in commands {
                 match command {
                     Command::Hold(grant) if released.contains(&grant.id) => {}
-                    Command::Hold(grant) => {
-                        self.held.insert(grant.id, Arc::clone(&grant));
-                        taken_in.push(grant);
-                    }
+                    Command::Hold(grant) => taken_in.push(grant),
                     Command::Forget(id) => {
-                        self.forget(id);
+                        self.schedule.forget(id);
                     }
                     Command::Extend {
                         grant,
@@ -221,24 +200,20 @@ impl Renewer {
                         reply,
                     } => {
                         // Filed first: the extend moves its grant to a cohort of its own.
-                        self.file(std::mem::take(&mut taken_in), None);
+                        self.schedule.hold(std::mem::take(&mut taken_in));
                         let _ = reply.send(self.extend_one(&grant, lease));
                     }
                 }
             }
-            self.file(taken_in, None);
-            self.expire_overdue();
+            self.schedule.hold(taken_in);
+            report(self.schedule.expire_overdue(Instant::now()));
             self.renew_due();
             // While locks come and go, look at the inbox now and then even with nothing due: a
             // grant made meanwhile then falls due after that look (a third of a lease away) and
             // needs no ring. After a whole quiet period with nothing held, sleep until rung.
-            let idle = (!quiet || !self.held.is_empty()).then(|| Instant::now() + self.idle_wake);
-            let wake = [self.renewals.first(), self.deadlines.first()]
-                .into_iter()
-                .flatten()
-                .map(|(at, _)| *at)
-                .chain(idle)
-                .min();
+            let idle =
+                (!quiet || !self.schedule.is_empty()).then(|| Instant::now() + self.idle_wake);
+            let wake = self.schedule.next_wake().into_iter().chain(idle).min();
             {
                 let mut inbox = lock_inbox(&self.inbox);
                 if !inbox.commands.is_empty() {
@@ -256,156 +231,30 @@ impl Renewer {
         }
     }
 
-    /// Files tracked grants in new cohorts: those renewed fall due at `next` (each at its own
-    /// `Grant::next_renewal` if `None`), the rest only have a deadline.
-    fn file(&mut self, grants: Vec<Arc<Grant>>, next: Option<Instant>) {
-        let (mut renewed, mut expiring) = (Vec::new(), Vec::new());
-        let mut due: Option<Instant> = None;
-        for grant in grants {
-            let at = next.unwrap_or_else(|| grant.next_renewal());
-            if grant.auto_renew && grant.renew_until.is_none_or(|until| at < until) {
-                due = Some(due.map_or(at, |due| due.min(at)));
-                renewed.push(grant);
-            } else {
-                expiring.push(grant);
-            }
-        }
-        for (members, next) in [(renewed, due), (expiring, None)] {
-            let (mut deadline, mut window) = (None::<Instant>, Duration::MAX);
-            let id = self.next_cohort;
-            for (index, grant) in members.iter().enumerate() {
-                let (lease, ends) = grant.lease_and_deadline();
-                deadline = Some(deadline.map_or(ends, |d| d.min(ends)));
-                window = window.min(lease / 6);
-                grant.place.set(id, index);
-            }
-            // No deadline: no members.
-            if let Some(deadline) = deadline {
-                self.next_cohort += 1;
-                let cohort = Cohort {
-                    next,
-                    deadline,
-                    window,
-                    members,
-                };
-                self.register(id, cohort);
-            }
-        }
-    }
-
-    /// Puts a cohort whose members know their place in the schedule.
-    fn register(&mut self, id: u64, cohort: Cohort) {
-        if let Some(next) = cohort.next {
-            self.renewals.insert((next, id));
-        }
-        self.deadlines.insert((cohort.deadline, id));
-        self.cohorts.insert(id, cohort);
-    }
-
-    /// Takes a cohort out of the schedule, members and all.
-    fn take_cohort(&mut self, id: u64) -> Option<Cohort> {
-        let cohort = self.cohorts.remove(&id)?;
-        if let Some(next) = cohort.next {
-            self.renewals.remove(&(next, id));
-        }
-        self.deadlines.remove(&(cohort.deadline, id));
-        Some(cohort)
-    }
-
-    /// Stops tracking a grant: it leaves the renewal thread's books entirely.
-    fn forget(&mut self, id: u64) -> Option<Arc<Grant>> {
-        let grant = self.held.remove(&id)?;
-        let (cohort_id, index) = grant.place.take();
-        let empty = match self.cohorts.get_mut(&cohort_id) {
-            // The id check makes a stale place a no-op rather than the loss of another grant.
-            Some(cohort) if cohort.members.get(index).is_some_and(|g| g.id == id) => {
-                cohort.members.swap_remove(index);
-                if let Some(moved) = cohort.members.get(index) {
-                    moved.place.set(cohort_id, index);
-                }
-                cohort.members.is_empty()
-            }
-            _ => false,
-        };
-        if empty {
-            self.take_cohort(cohort_id);
-        }
-        Some(grant)
-    }
-
-    fn expire_overdue(&mut self) {
-        let now = Instant::now();
-        while let Some(&(deadline, id)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            let Some(cohort) = self.take_cohort(id) else {
-                // Not a cohort (cannot happen): drop the stray entry rather than meet it again.
-                self.deadlines.remove(&(deadline, id));
-                continue;
-            };
-            // Members renewed on their own (an explicit extend) may have later deadlines.
-            let alive = self.expire(cohort.members, now);
-            if !alive.is_empty() {
-                self.file(alive, cohort.next);
-            }
-        }
-    }
-
+    /// Renews every lease due, in pipelines, and files each by its reply.
     fn renew_due(&mut self) {
-        let now = Instant::now();
-        // Only once a lease is due: a wake-up for the inbox renewing early would shift leases
-        // into ever earlier phases, renewing each more often than every lease/3.
-        if self.renewals.first().is_none_or(|(next, _)| *next > now) {
-            return;
-        }
-        // Cohorts due within the next sixth of a lease go now too, so one round trip serves
-        // many.
-        let ids: Vec<u64> = self
-            .renewals
-            .iter()
-            .map_while(|&(next, id)| {
-                let window = self.cohorts.get(&id).map_or(Duration::ZERO, |c| c.window);
-                (next <= now + window).then_some(id)
-            })
-            .collect();
-        let mut due = Vec::new();
-        let mut earliest = None::<Instant>;
-        for id in ids {
-            if let Some(cohort) = self.take_cohort(id) {
-                due.extend(cohort.members);
-                earliest = Some(earliest.map_or(cohort.deadline, |e| e.min(cohort.deadline)));
-            }
-        }
-        let Some(earliest) = earliest else {
+        let connector = &self.connector;
+        let due = self
+            .schedule
+            .due(Instant::now(), |grant| connector.node_of(&grant.keys));
+        let Some(round) = due else {
             return;
         };
-        // A pipeline goes to one node.
-        let mut by_node: BTreeMap<Node, Vec<Arc<Grant>>> = BTreeMap::new();
-        for grant in due {
-            let node = self.connector.node_of(&grant.keys);
-            by_node.entry(node).or_default().push(grant);
-        }
-        for (node, grants) in by_node {
-            let mut grants = grants.into_iter().peekable();
-            while grants.peek().is_some() {
-                let batch: Vec<Arc<Grant>> = grants.by_ref().take(BATCH).collect();
-                self.renew(node, batch, earliest);
+        for (node, batch) in round.pipelines {
+            // An earlier batch may have taken long enough for deadlines in this one to pass.
+            let (batch, lost) = self
+                .schedule
+                .unexpired(batch, round.earliest, Instant::now());
+            report(lost);
+            if !batch.is_empty() {
+                self.renew(node, batch);
             }
         }
     }
 
-    /// Renews one pipeline's worth of grants served by `node`, none with a deadline before
-    /// `earliest`, and files each according to its reply.
-    fn renew(&mut self, node: Node, mut batch: Vec<Arc<Grant>>, earliest: Instant) {
-        // An earlier batch may have taken long enough for deadlines in this one to pass.
-        let now = Instant::now();
-        if earliest <= now {
-            batch = self.expire(batch, now);
-        }
-        if batch.is_empty() {
-            return;
-        }
+    /// Renews one pipeline's worth of grants served by `node`, and files each according to its
+    /// reply.
+    fn renew(&mut self, node: Node, batch: Vec<Arc<Grant>>) {
         let sent = Instant::now();
         let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
         let replies = match self.extend_all(node, &batch, &leases) {
@@ -417,95 +266,26 @@ impl Renewer {
                 );
                 self.cons.remove(&node);
                 self.connector.failed(node, &e);
-                let retry = leases.iter().map(|l| retry_delay(*l)).min();
-                self.file(batch, retry.map(|r| sent + r));
+                self.schedule.retry(batch, &leases, sent);
                 return;
             }
         };
-        // Confirmed leases make a cohort per lease (nearly always one), filed as they are
-        // settled: a batch's grants are touched once here, as this walk over them is what costs
-        // (cache misses). A reply lost to a storm of signals is tried again soon.
-        let now = Instant::now();
-        let mut renewed: Vec<(u64, Cohort)> = Vec::new();
-        let mut again = Vec::new();
-        for ((grant, lease), reply) in batch.into_iter().zip(leases).zip(replies) {
-            match reply {
-                Some(Ok(reply)) => match scripts::extended(reply) {
-                    Ok(true) if grant.confirm(sent, lease, now) => {
-                        // The lease runs at least until `sent + lease` (later if extended since).
-                        let deadline = crate::grant::deadline_of(sent, lease);
-                        let next = sent + lease / 3;
-                        let next = grant.renew_until.is_none_or(|u| next < u).then_some(next);
-                        let found = renewed
-                            .iter()
-                            .position(|(_, c)| c.deadline == deadline && c.next == next);
-                        let i = found.unwrap_or_else(|| {
-                            let cohort = Cohort {
-                                next,
-                                deadline,
-                                window: lease / 6,
-                                members: Vec::new(),
-                            };
-                            renewed.push((self.next_cohort, cohort));
-                            self.next_cohort += 1;
-                            renewed.len() - 1
-                        });
-                        let (id, cohort) = &mut renewed[i];
-                        grant.place.set(*id, cohort.members.len());
-                        cohort.members.push(grant);
-                    }
-                    Ok(true) => {
-                        // Confirmed too late: `confirm` marked it lost.
-                        self.forget(grant.id);
-                    }
-                    Ok(false) => self.lose(&grant, GONE),
-                    Err(e) => self.lose(&grant, &refused(&e)),
-                },
-                // This key alone is broken (a wrong type at the lock key, say): it cannot be
-                // renewed, while the rest of a batch can.
-                Some(Err(e)) => self.lose(&grant, &refused(&e)),
-                None => again.push(grant),
-            }
-        }
-        for (id, cohort) in renewed {
-            self.register(id, cohort);
-        }
-        if let Some(first) = again.first() {
-            let retry = sent + retry_delay(first.renewal_lease());
-            self.file(again, Some(retry));
-        }
-    }
-
-    /// Marks lost, and stops tracking, the grants of `grants` whose deadline passed by `now`;
-    /// returns the others.
-    fn expire(&mut self, grants: Vec<Arc<Grant>>, now: Instant) -> Vec<Arc<Grant>> {
-        let (lost, alive): (Vec<_>, Vec<_>) = grants.into_iter().partition(|g| g.deadline() <= now);
-        for grant in lost {
-            self.lose(&grant, expiry_reason(&grant, now));
-        }
-        alive
-    }
-
-    /// Stops tracking a grant and marks it lost, if it was still tracked.
-    fn lose(&mut self, grant: &Grant, why: &str) {
-        if self.forget(grant.id).is_some() {
-            grant.mark_lost(why);
-        }
-    }
-
-    /// Files a tracked grant in a cohort of its own: its lease or deadline may differ from its
-    /// cohort's now.
-    fn refile_alone(&mut self, id: u64) {
-        if let Some(grant) = self.forget(id) {
-            self.held.insert(id, Arc::clone(&grant));
-            self.file(vec![grant], None);
-        }
+        let replies = replies.into_iter().map(|reply| match reply {
+            Some(Ok(reply)) => Reply::from(&scripts::extended(reply)),
+            Some(Err(e)) => Reply::Refused(e.to_string()),
+            // A signal interrupted the read of it.
+            None => Reply::Unknown,
+        });
+        report(
+            self.schedule
+                .settle(batch, leases, replies, sent, Instant::now()),
+        );
     }
 
     /// An explicit extend. A connection failure is only reported: the grant stays tracked, and
     /// its renewal (if on) or its deadline takes its course.
     fn extend_one(&mut self, grant: &Arc<Grant>, lease: Duration) -> redis::RedisResult<bool> {
-        if !self.held.contains_key(&grant.id) {
+        if !self.schedule.tracks(grant.id) {
             return Ok(false);
         }
         let mut sent = Instant::now();
@@ -519,28 +299,21 @@ impl Renewer {
                 _ => break,
             }
         }
-        match &reply {
+        let outcome = match &reply {
             Err(e) if e.is_io_error() => {
                 if !crate::wire::interrupted(e) {
                     let node = self.connector.node_of(&grant.keys);
                     self.cons.remove(&node);
                     self.connector.failed(node, e);
                 }
-                // Any of the extends sent may run, now or later: none can shorten the lease, so
-                // the local deadline stands, and renewal (if on) takes its course.
-                return reply;
+                Reply::Unknown
             }
-            Ok(true) if grant.confirm(sent, lease, Instant::now()) => {
-                grant.renew_with(lease);
-                self.refile_alone(grant.id);
-            }
-            Ok(true) => {
-                // Confirmed too late: `confirm` marked it lost.
-                self.forget(grant.id);
-            }
-            Ok(false) => self.lose(grant, GONE),
-            Err(e) => self.lose(grant, &refused(e)),
-        }
+            reply => Reply::from(reply),
+        };
+        report(
+            self.schedule
+                .extended(grant, lease, outcome, sent, Instant::now()),
+        );
         reply.map(|extended| extended && grant.is_held())
     }
 
@@ -614,30 +387,26 @@ impl Drop for Renewer {
             Command::Hold(grant) => Some(grant),
             _ => None,
         });
-        for grant in self.held.drain().map(|(_, grant)| grant).chain(waiting) {
+        for grant in self.schedule.drain().chain(waiting) {
             grant.mark_lost("the renewal thread stopped");
         }
     }
 }
 
-const GONE: &str = "redis reports the key gone or owned by another";
-
-fn refused(e: &redis::RedisError) -> String {
-    format!("redis refused to renew it: {e}")
-}
-
-/// Why a grant whose local deadline passed at `now` is lost.
-fn expiry_reason(grant: &Grant, now: Instant) -> &'static str {
-    if grant.renew_until.is_some_and(|until| until <= now) {
-        "its maximum hold time passed, so renewal stopped"
-    } else if grant.auto_renew {
-        "its lease ran out before a renewal was confirmed"
-    } else {
-        "its lease ran out (renewal is off for it)"
+/// Marks lost the grants the schedule gave up.
+fn report(lost: impl IntoIterator<Item = Loss>) {
+    for Loss { grant, why } in lost {
+        grant.mark_lost(&why.to_string());
     }
 }
 
-/// After a failed renewal, try again soon enough to save the lease several times over.
-fn retry_delay(lease: Duration) -> Duration {
-    (lease / 10).clamp(Duration::from_millis(2), Duration::from_millis(500))
+impl From<&redis::RedisResult<bool>> for Reply {
+    /// The reply to one extend call that was read.
+    fn from(reply: &redis::RedisResult<bool>) -> Reply {
+        match reply {
+            Ok(true) => Reply::Extended,
+            Ok(false) => Reply::Gone,
+            Err(e) => Reply::Refused(e.to_string()),
+        }
+    }
 }
