@@ -329,8 +329,10 @@ impl Drop for Ticket {
         if self.granted {
             return;
         }
-        if let Some(Wake::Granted { token, .. }) =
-            self.rx.try_iter().find(|w| matches!(w, Wake::Granted { .. }))
+        if let Some(Wake::Granted { token, .. }) = self
+            .rx
+            .try_iter()
+            .find(|w| matches!(w, Wake::Granted { .. }))
         {
             log::warn!(
                 "fencelock: a waiter for {:?} was dropped holding a handoff (token {token}); \
