@@ -15,7 +15,7 @@ use redis::{RedisResult, Script, Value};
 
 use crate::key::LockKeys;
 use crate::token::FencingToken;
-use crate::wire::{self, Interrupted};
+use crate::wire::{self, Arg, Interrupted};
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -76,7 +76,14 @@ pub(crate) fn acquire(
     let (reply, acked) = match acks {
         None => (run(con, &ACQUIRE, &buf)?, None),
         Some(acks) => {
-            pack_wait(&mut buf, acks);
+            wire::pack(
+                &mut buf,
+                &[
+                    Arg::Str("WAIT"),
+                    Arg::Int(u64::from(acks.replicas)),
+                    Arg::Int(millis(acks.timeout)),
+                ],
+            );
             let ends = [first, buf.len()];
             let (reply, acked) = both(run_pipeline(
                 con,
@@ -109,36 +116,18 @@ pub(crate) enum JoinQueue {
     Rejoin,
 }
 
-/// One argument of a script call.
-#[derive(Clone, Copy)]
-enum Arg<'a> {
-    Str(&'a str),
-    Int(u64),
-}
-
-/// Appends `EVALSHA <sha> <keys> <args>` to `buf`, a call of a pipeline to be.
+/// Appends `EVALSHA <sha> <keys> <args>` to `buf`.
 fn evalsha(buf: &mut Vec<u8>, script: &Script, keys: &[&str], args: &[Arg<'_>]) {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys.len());
+    wire::array(buf, 3 + keys.len() + args.len());
+    wire::arg(buf, Arg::Str("EVALSHA"));
+    wire::arg(buf, Arg::Str(script.get_hash()));
+    wire::arg(buf, Arg::Int(keys.len() as u64));
     for key in keys {
-        cmd.arg(*key);
+        wire::arg(buf, Arg::Str(key));
     }
     for a in args {
-        match *a {
-            Arg::Str(s) => cmd.arg(s),
-            Arg::Int(n) => cmd.arg(n),
-        };
+        wire::arg(buf, *a);
     }
-    cmd.write_packed_command(buf);
-}
-
-/// Appends `WAIT replicas timeout` to `buf`: it counts the replicas that have every write of its
-/// connection made before it.
-fn pack_wait(buf: &mut Vec<u8>, acks: ReplicaAcks) {
-    redis::cmd("WAIT")
-        .arg(acks.replicas)
-        .arg(millis(acks.timeout))
-        .write_packed_command(buf);
 }
 
 /// Whether a server error is NOSCRIPT: the script must be loaded before it runs.
@@ -352,7 +341,14 @@ pub(crate) fn extend_acked(
     let mut buf = Vec::with_capacity(160);
     pack_extend(&mut buf, keys, owner, lease);
     let first = buf.len();
-    pack_wait(&mut buf, acks);
+    wire::pack(
+        &mut buf,
+        &[
+            Arg::Str("WAIT"),
+            Arg::Int(u64::from(acks.replicas)),
+            Arg::Int(millis(acks.timeout)),
+        ],
+    );
     let (reply, acked) = both(run_pipeline(
         con,
         &EXTEND,
