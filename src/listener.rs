@@ -15,12 +15,12 @@ use crate::connector::Connector;
 use crate::token::FencingToken;
 use crate::wait::Waiters;
 
-/// How often an idle pub/sub connection is checked with a PING, and how often the dispatcher
+/// How often an idle pub/sub connection is checked with a PING, and how often the listener
 /// notices that its client is gone.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Starts the dispatcher: one thread and one pub/sub connection per client. It holds only a
+/// Starts the listener: one thread and one pub/sub connection per client. It holds only a
 /// `Weak` to the queues, and exits within a heartbeat of the client being dropped.
 pub(crate) fn spawn(
     connector: Arc<Connector>,
