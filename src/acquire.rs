@@ -129,7 +129,7 @@ impl Locks {
         found.map(|_| Round::Deadline)
     }
 
-    /// The waiting loop of [`acquire`](LockClient::acquire): the token, the lower bound of the
+    /// The waiting loop of [`acquire`](Locks::acquire): the token, the lower bound of the
     /// lease's start and how the lock came, or `None` at `deadline`.
     fn wait_for_grant(
         &self,

@@ -45,7 +45,7 @@ impl LockOptions {
     }
 
     /// The lease of this grant, instead of the client's; the same range applies
-    /// ([`MIN_LEASE`](crate::MIN_LEASE) to [`MAX_LEASE`](crate::MAX_LEASE), whole milliseconds).
+    /// ([`MIN_LEASE`] to [`MAX_LEASE`], whole milliseconds).
     pub fn lease(mut self, lease: Duration) -> LockOptions {
         self.lease = Some(lease);
         self

@@ -66,7 +66,7 @@ impl LockClient {
     /// otherwise waits for it as [`lock`](LockClient::lock) does.
     ///
     /// # Errors
-    /// As for [`lock`](LockClient::lock); [`Error::WouldDeadlock`](crate::Error::WouldDeadlock)
+    /// As for [`lock`](LockClient::lock); [`Error::WouldDeadlock`]
     /// if this thread holds the key through a plain [`LockGuard`].
     pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
         let tag = crate::key::LockKeys::new(self.namespace(), key)?
