@@ -367,7 +367,12 @@ impl Renewer {
             Some(con) => con,
             None => {
                 let connect_timeout = timeout.min(self.connection_timeout);
-                self.connector.connect(node, connect_timeout, timeout)?
+                let mut con = self.connector.connect(node, connect_timeout, timeout)?;
+                // A new connection often follows a restart, and a restarted server has no
+                // scripts. Loading now costs a round trip here, where a pipeline refused with
+                // NOSCRIPT and sent again would take it out of leases that may be nearly out.
+                scripts::EXTEND.load(&mut con)?;
+                con
             }
         };
         con.set_read_timeout(Some(timeout))?;
