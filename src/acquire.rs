@@ -54,22 +54,15 @@ impl Locks {
         self.new_owner(&mut keys);
         let lease = options.lease.unwrap_or(self.config.lease);
         let sent = Instant::now();
-        Ok(
-            match self.attempt(&keys, keys.owner(), lease, JoinQueue::Never)? {
-                Acquire::Granted(token) => Some(self.grant(NewGrant {
-                    keys,
-                    token,
-                    sent,
-                    granted: lease,
-                    lease,
-                    auto_renew: !options.no_renewal,
-                    max_hold: options.max_hold,
-                    queued: false,
-                    local_run: 0,
-                })),
-                Acquire::Held(_) => None,
-            },
-        )
+        let Acquire::Granted(token) = self.attempt(&keys, keys.owner(), lease, JoinQueue::Never)?
+        else {
+            return Ok(None);
+        };
+        let granted_by = GrantedBy::Attempt { queued: false };
+        match self.take(keys, token, sent, lease, options, granted_by)? {
+            Round::Granted(guard) => Ok(Some(guard)),
+            Round::Deadline | Round::TooLate => Ok(None),
+        }
     }
 
     /// Waits in the key's local queue until granted, `deadline`, or cancelled: at its head it
