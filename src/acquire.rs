@@ -23,7 +23,7 @@ use crate::guard::LockGuard;
 use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::options::LockOptions;
-use crate::pool::Run;
+use crate::pool::{Run, MIN_READ};
 use crate::scripts::{self, Acquire, JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
 use crate::wait::{Ticket, Waited, Wake, LOCAL_RUN};
@@ -54,7 +54,8 @@ impl Locks {
         self.new_owner(&mut keys);
         let lease = options.lease.unwrap_or(self.config.lease);
         let sent = Instant::now();
-        let Acquire::Granted(token) = self.attempt(&keys, keys.owner(), lease, JoinQueue::Never)?
+        let Acquire::Granted(token) =
+            self.attempt(&keys, keys.owner(), lease, JoinQueue::Never, None)?
         else {
             return Ok(None);
         };
@@ -112,12 +113,20 @@ impl Locks {
             }
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
-        if wait.queued_since.is_some() || named {
-            // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
-            // is passed on. On failure, the entry expires by itself.
-            if let Err(e) = self.hand_over(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN) {
-                log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
-            }
+        if wait.queued_since.is_none() && !named {
+            return found.map(|_| Round::Deadline);
+        }
+        if matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable() {
+            // Redis did not answer: leaving now would wait for it again, past the caller's
+            // timeout. Until the background thread gets through, a lock handed to us stays
+            // held until its lease runs out.
+            self.leave_later(keys);
+            return found.map(|_| Round::Deadline);
+        }
+        // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
+        // passed on. On failure, the entry expires by itself.
+        if let Err(e) = self.hand_over(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN) {
+            log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
         }
         found.map(|_| Round::Deadline)
     }
@@ -150,7 +159,7 @@ impl Locks {
                 };
                 // Before sending: if the reply is lost, leaving must still withdraw.
                 wait.queued_since.get_or_insert(sent);
-                match self.attempt(keys, owner, lease, queue)? {
+                match self.attempt(keys, owner, lease, queue, deadline)? {
                     Acquire::Granted(token) => {
                         // A release that named us while we attempted may have queued us: the
                         // grant's release then takes the entry out.
@@ -284,16 +293,18 @@ impl Locks {
     }
 
     /// One run of the acquire script (and WAIT, if replica acks are required). `queue`: join
-    /// Redis' queue for the key if the lock is held.
+    /// Redis' queue for the key if the lock is held. A reply that has not come by `deadline`
+    /// (if sooner than the response timeout) is a timeout.
     fn attempt(
         &self,
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
         queue: JoinQueue,
+        deadline: Option<Instant>,
     ) -> Result<Acquire> {
         let acks = self.config.replica_acks;
-        self.pool.run(|con, run| {
+        self.pool.run_until(deadline, |con, run| {
             // A first run may have queued us before its reply was lost: a grant on this run must
             // take the entry out.
             let queue = match queue {
@@ -307,6 +318,9 @@ impl Locks {
                     // it did, and takes us out of the queue. (A retry of the whole closure after
                     // a broken connection is safe too: the script treats a lock already ours as
                     // granted.)
+                    // Its reply is of no use, and Redis is slow: wait for it only briefly, so that
+                    // the caller's timeout holds. The connection is discarded either way.
+                    let _ = con.set_read_timeout(Some(MIN_READ));
                     let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
                     Err(e)
                 }

@@ -87,10 +87,12 @@ impl Builder {
         self
     }
 
-    /// How long a call may wait for a connection: to connect to Redis (retrying while it refuses
-    /// connections), or for a pooled connection to come free when all are in use. A call then
-    /// fails with [`Error::Connection`] or [`Error::PoolExhausted`]. Greater than zero, at most
-    /// [`MAX_TIMEOUT`]. Defaults to 5 s.
+    /// How long a call may wait for a connection: for one attempt to connect to Redis (and its
+    /// set-up: password, database), or for a pooled connection to come free when all are in use.
+    /// A call whose attempt fails reports it at once: [`Error::Connection`] (refused, timed out),
+    /// [`Error::Rejected`] (wrong credentials or database), or [`Error::PoolExhausted`]. Nothing
+    /// is retried until the timeout runs out. Greater than zero, at most [`MAX_TIMEOUT`].
+    /// Defaults to 5 s.
     pub fn connection_timeout(mut self, timeout: Duration) -> Builder {
         self.config.connection_timeout = timeout;
         self

@@ -14,7 +14,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use crossbeam_channel::Sender;
 use std::thread::{self, ThreadId};
 
 use uuid::Uuid;
@@ -25,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::key::{release_channel, LockKeys};
 use crate::listener;
 use crate::pool::Pool;
+use crate::release::Later;
 use crate::renewal::{self, Renewal};
 use crate::wait::Waiters;
 
@@ -40,6 +43,9 @@ pub(crate) struct Locks {
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) renewal: Renewal,
     pub(crate) next_grant: AtomicU64,
+    /// The background thread for releases no caller waits for (`release.rs`), started at its
+    /// first use; `None` if it could not be started.
+    pub(crate) later: OnceLock<Option<Sender<Later>>>,
 }
 
 impl Locks {
@@ -81,6 +87,7 @@ impl Locks {
             renewal,
             next_grant: AtomicU64::new(0),
             holders: Mutex::new(HashMap::new()),
+            later: OnceLock::new(),
         }))
     }
 
