@@ -66,12 +66,41 @@ impl LockClient {
     /// last look if that is sooner, does the waiter look again unprompted, since a holder (or a
     /// waiter handed the lock) that died publishes no release.
     ///
+    /// # Guards move between threads; re-locking a held key waits
+    ///
+    /// A [`LockGuard`] belongs to no thread: send it to another thread, or keep it in a thread
+    /// pool's task, and the thread that took it may lock the key again as soon as the guard's
+    /// new owner releases it. So `lock` does not ask which thread holds a key, and a thread that
+    /// asks for a key whose plain guard it holds itself waits for itself, like any waiter of a
+    /// held lock: forever with `lock` (renewal keeps the lease alive), until the timeout with
+    /// [`try_lock`](LockClient::try_lock), until cancelled with
+    /// [`LockOptions::cancel`](crate::LockOptions::cancel). That is what `std::sync::Mutex`
+    /// and `parking_lot::Mutex` do on a re-lock; their guards are `!Send`, and parking_lot's
+    /// deadlock detector cannot be built together with its `send_guard` feature, because a
+    /// check by thread is wrong once guards move. Nest on one thread with
+    /// [`reentrant_lock`](LockClient::reentrant_lock) instead: its guard cannot leave the
+    /// thread, so a plain `lock` of a key this thread holds through it fails at once with
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let guard = client.lock("job:7")?;
+    /// let worker = std::thread::spawn(move || guard.unlock()); // the guard moves
+    /// // Not refused: waits until the worker's unlock, then gets the next grant.
+    /// let again = client.try_lock("job:7", Duration::from_secs(5))?;
+    /// # let _ = (worker, again);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty key or one longer than
-    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
-    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) if this thread already holds `key` through this client (use
-    /// [`reentrant_lock`](LockClient::reentrant_lock) to nest). Connection errors, timeouts and
-    /// Redis errors end the wait rather than being retried forever.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty key or one longer
+    /// than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) if this thread holds `key` through
+    /// a [`ReentrantGuard`](crate::ReentrantGuard) of this client. Connection errors, timeouts
+    /// and Redis errors end the wait rather than being retried forever.
     pub fn lock(&self, key: &str) -> Result<LockGuard> {
         self.lock_with(key, &LockOptions::new())
     }
@@ -171,7 +200,7 @@ impl LockClient {
     /// Tells clients apart (clones are one client): the address of the shared state, which
     /// lives as long as the client or any of its guards.
     pub(crate) fn identity(&self) -> usize {
-        Arc::as_ptr(&self.locks) as usize
+        self.locks.identity()
     }
 }
 

@@ -72,8 +72,11 @@
 //! [`LockClient::lock_with`] takes [`LockOptions`]: a lease of its own, renewal off, a maximum
 //! hold time, or a cancel channel. [`LockClient::with_lock`] runs a closure under a lock and
 //! releases it on return or panic. [`LockClient::reentrant_lock`] nests on one thread, sharing
-//! one grant and token; a plain [`LockClient::lock`] of a key the thread already holds returns
-//! [`Error::WouldDeadlock`] instead of waiting for itself.
+//! one grant and token, and a plain [`LockClient::lock`] of a key the thread holds that way
+//! returns [`Error::WouldDeadlock`]. A plain [`LockGuard`] may move between threads (a thread
+//! pool's tasks, say), so which thread holds it is not tracked: a thread that locks a key whose
+//! plain guard it holds itself waits like any other waiter, as with `std::sync::Mutex`; bound
+//! such waits with `try_lock` or a cancel channel.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {

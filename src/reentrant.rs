@@ -4,6 +4,10 @@
 //! hold, rather than in a Redis hash as Redisson does: a nested `reentrant_lock` then costs no
 //! round trip, and the count cannot drift from the guards that exist, since it *is* the number of
 //! guards (`Rc` strong count). The guard is `!Send` because the count belongs to one thread.
+//!
+//! Because a reentrant guard never leaves its thread, the map also answers exactly whether the
+//! calling thread holds a key reentrantly: a plain lock of such a key returns
+//! `Error::WouldDeadlock` ([`held_here`]). Plain guards can move, so nothing tracks them by thread.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -65,9 +69,13 @@ impl LockClient {
     /// [`ReentrantGuard`] of this client, returns another guard of that grant at once;
     /// otherwise waits for it as [`lock`](LockClient::lock) does.
     ///
+    /// Only reentrant guards nest. A key this thread holds through a plain [`LockGuard`] is
+    /// waited for like any held key, as [`lock`](LockClient::lock) explains: plain guards may
+    /// move between threads, so which thread holds one is not tracked.
+    ///
     /// # Errors
-    /// As for [`lock`](LockClient::lock); [`Error::WouldDeadlock`]
-    /// if this thread holds the key through a plain [`LockGuard`].
+    /// As for [`lock`](LockClient::lock); [`Error::LockLost`] if this thread's hold of the key
+    /// was lost (no new grant can be had while its guards live).
     pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
         let tag = crate::key::LockKeys::new(self.namespace(), key)?
             .tag()
@@ -150,6 +158,23 @@ impl Drop for ReentrantGuard {
         }
         // The last share's Hold drops with this field, and its LockGuard releases the lock.
     }
+}
+
+/// Whether the calling thread holds `tag` of the client `client` through a [`ReentrantGuard`].
+/// Exact, since those guards never leave their thread. False while the thread is exiting.
+pub(crate) fn held_here(client: usize, tag: &str) -> bool {
+    HOLDS
+        .try_with(|holds| {
+            let Ok(holds) = holds.try_borrow() else {
+                return false;
+            };
+            // Most threads hold nothing reentrantly: no key to build for them.
+            !holds.is_empty()
+                && holds
+                    .get(&(client, tag.to_owned()))
+                    .is_some_and(|hold| hold.strong_count() > 0)
+        })
+        .unwrap_or(false)
 }
 
 /// Removes a hold from this thread's map; quietly does nothing while the thread is exiting.

@@ -52,15 +52,6 @@ impl Locks {
         let was_held = grant.is_held();
         grant.end();
         self.renewal.forget(grant.id);
-        {
-            let mut holders = self.holders();
-            if holders
-                .get(grant.keys.tag())
-                .is_some_and(|(id, _)| *id == grant.id)
-            {
-                holders.remove(grant.keys.tag());
-            }
-        }
         let user = grant.keys.user();
         let (released, reply_lost) = match self.hand_over(
             &grant.keys,
