@@ -105,8 +105,11 @@
 //!   `is_held()`. Only storage that checks the fencing token closes that gap.
 //! - Safety across a Redis restart without persistence, or a failover that loses writes: the
 //!   lock key and the fence counter can be lost with them. See `docs/design.md`.
-//! - Fairness across processes: threads of one client are served in arrival order; between
-//!   clients, whoever asks first after a release wins.
+//! - Strict first-come, first-served order across processes. Waiting clients queue in Redis and
+//!   a release hands the lock to the one that has waited longest (threads of one client queue
+//!   locally, in arrival order), so clients take turns; but a client may first pass a lock among
+//!   its own threads up to 8 times in a row, and a lock freed by a lease that ran out (a holder
+//!   that died) goes to whichever waiter looks first.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
