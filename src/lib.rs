@@ -71,7 +71,10 @@
 //!
 //! [`LockClient::lock_with`] takes [`LockOptions`]: a lease of its own, renewal off, a maximum
 //! hold time, or a cancel channel. [`LockClient::with_lock`] runs a closure under a lock and
-//! releases it on return or panic. [`LockClient::reentrant_lock`] nests on one thread, sharing
+//! releases it on return, error or panic; the closure returns a `Result` in your own error type,
+//! and fencelock's errors convert into it (`E: From<fencelock::Error>`), as with diesel's
+//! `transaction`. [`LockClient::try_with_lock`] waits at most a timeout, and
+//! [`LockClient::with_lock_with`] takes options. [`LockClient::reentrant_lock`] nests on one thread, sharing
 //! one grant and token, and a plain [`LockClient::lock`] of a key the thread holds that way
 //! returns [`Error::WouldDeadlock`]. A plain [`LockGuard`] may move between threads (a thread
 //! pool's tasks, say), so which thread holds it is not tracked: a thread that locks a key whose
