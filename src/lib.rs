@@ -74,8 +74,9 @@
 //! releases it on return, error or panic; the closure returns a `Result` in your own error type,
 //! and fencelock's errors convert into it (`E: From<fencelock::Error>`), as with diesel's
 //! `transaction`. [`LockClient::try_with_lock`] waits at most a timeout, and
-//! [`LockClient::with_lock_with`] takes options. [`LockClient::reentrant_lock`] nests on one thread, sharing
-//! one grant and token, and a plain [`LockClient::lock`] of a key the thread holds that way
+//! [`LockClient::with_lock_with`] takes options. [`LockClient::reentrant_lock`] (or
+//! [`LockClient::try_reentrant_lock`], with a timeout) nests on one thread, sharing one grant and
+//! token, and a plain [`LockClient::lock`] of a key the thread holds that way
 //! returns [`Error::WouldDeadlock`]. A plain [`LockGuard`] may move between threads (a thread
 //! pool's tasks, say), so which thread holds it is not tracked: a thread that locks a key whose
 //! plain guard it holds itself waits like any other waiter, as with `std::sync::Mutex`; bound
