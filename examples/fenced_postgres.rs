@@ -50,8 +50,8 @@ fn fenced_update(
     body: &str,
     token: FencingToken,
 ) -> Result<Write, Box<dyn std::error::Error>> {
-    // Tokens come from a Redis counter, a signed 64-bit integer: they always fit a bigint.
-    let token = i64::try_from(token.as_u64())?;
+    // Every granted token fits a bigint: fence counters are Redis integers, signed 64-bit.
+    let token = token.as_i64()?;
     let updated = db.execute(
         "UPDATE fenced_documents SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2",
         &[&body, &token, &id],

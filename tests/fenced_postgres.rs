@@ -70,7 +70,7 @@ impl Tables {
     /// took it.
     fn write(&self, db: &mut postgres::Client, body: &str, token: FencingToken) -> bool {
         let name = &self.name;
-        let token = i64::try_from(token.as_u64()).unwrap();
+        let token = token.as_i64().unwrap();
         let rows = db
             .execute(
                 &format!(
