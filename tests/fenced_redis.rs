@@ -102,6 +102,38 @@ fn incr_by_applies_current_tokens_only_and_an_error_changes_nothing() {
     assert_eq!(text(&store, "label").as_deref(), Some("not a number"));
 }
 
+/// The value an increment returns is the value Redis stored, exactly, over the whole i64 range:
+/// Lua numbers are doubles, so a value beyond 2^53 taken from INCRBY's reply inside the script
+/// comes back rounded (i64::MAX even wraps to i64::MIN).
+#[test]
+fn incr_by_returns_the_stored_value_exactly_beyond_two_to_the_53() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let two_53: i64 = 1 << 53;
+    for (start, delta) in [
+        (0, i64::MAX),
+        (i64::MAX, -1),
+        (two_53, 1),
+        (two_53 - 1, 2),
+        (-two_53, -1),
+        (0, i64::MIN),
+        (i64::MIN, 1),
+        (two_53 - 2, 1),
+    ] {
+        store.delete("edge", t(1)).unwrap();
+        if start != 0 {
+            store.incr_by("edge", t(1), start).unwrap();
+        }
+        let returned = store.incr_by("edge", t(1), delta).unwrap();
+        let stored: i64 = text(&store, "edge").unwrap().parse().unwrap();
+        assert_eq!(
+            (returned, stored),
+            (start + delta, start + delta),
+            "(returned, stored) after {start} + {delta}"
+        );
+    }
+}
+
 #[test]
 fn a_claim_fences_out_older_writers_and_leaves_the_value() {
     let server = RedisServer::start();
