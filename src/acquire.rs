@@ -12,7 +12,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -24,17 +23,20 @@ use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::options::LockOptions;
 use crate::pool::{Run, MIN_READ};
+use crate::reentrant;
 use crate::scripts::{self, Acquire, JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
 use crate::wait::{Ticket, Waited, Wake, LOCAL_RUN};
 
 impl Locks {
     /// Checks everything that needs no network: the key, the options, and that this thread does
-    /// not hold the key already.
+    /// not hold the key through a [`ReentrantGuard`](crate::ReentrantGuard). A plain guard may
+    /// have moved to another thread, so holding one is no reason to refuse (see
+    /// [`LockClient::lock`](crate::LockClient::lock)).
     fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
         let keys = LockKeys::new(&self.config.namespace, key)?;
         options.validate()?;
-        if self.held_by_this_thread(keys.tag()) {
+        if reentrant::held_here(self.identity(), keys.tag()) {
             return Err(Error::WouldDeadlock {
                 key: keys.user().to_owned(),
             });
@@ -349,8 +351,6 @@ impl Locks {
             new.token
         );
         let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&self.waiters)));
-        self.holders()
-            .insert(grant.keys.tag().to_owned(), (id, thread::current().id()));
         // The renewal thread outlives every guard, so this only fails if it died: then nothing
         // will renew this lease, and the holder must hear so now, not at the deadline.
         if !self.renewal.hold(Arc::clone(&grant)) {

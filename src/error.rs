@@ -81,7 +81,10 @@ pub enum Error {
         highest: crate::FencingToken,
     },
 
-    /// The thread already holds this key through a non-reentrant guard: waiting would deadlock.
+    /// A plain lock call asked for a key this thread holds through a
+    /// [`ReentrantGuard`](crate::ReentrantGuard) of the same client: waiting would never end.
+    /// (Nest with [`reentrant_lock`](crate::LockClient::reentrant_lock). A key held through a
+    /// plain guard, which may have moved to another thread, is waited for instead.)
     #[error("this thread already holds {key:?}; waiting for it would never end")]
     WouldDeadlock {
         /// The user key.
@@ -142,7 +145,7 @@ impl Error {
         matches!(self, Error::StaleToken { .. })
     }
 
-    /// The thread tried to lock a key it already holds through a non-reentrant guard.
+    /// A plain lock call asked for a key this thread holds through a reentrant guard.
     pub fn is_would_deadlock(&self) -> bool {
         matches!(self, Error::WouldDeadlock { .. })
     }

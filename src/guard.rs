@@ -14,9 +14,11 @@ use crate::token::FencingToken;
 /// how that went.
 ///
 /// The guard owns what it needs (a share of its client's state), so it has no lifetime and can
-/// be moved to another thread or stored. While it lives, the client's renewal thread keeps its lease
-/// alive; if the lease is lost anyway, [`is_held`](LockGuard::is_held) turns false and
-/// [`lost`](LockGuard::lost) fires.
+/// be moved to another thread or stored; it belongs to no thread, so the thread that took it can
+/// lock the key again once the guard's new owner releases it (see
+/// [`LockClient::lock`](crate::LockClient::lock)). While it lives, the client's renewal thread
+/// keeps its lease alive; if the lease is lost anyway, [`is_held`](LockGuard::is_held) turns
+/// false and [`lost`](LockGuard::lost) fires.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), fencelock::Error> {

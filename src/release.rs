@@ -54,7 +54,7 @@ impl Locks {
     }
 
     /// [`release`](Locks::release) for a thread that must not wait for Redis: the grant stops
-    /// here and now (renewal, the deadlock check), and its release goes to a background thread.
+    /// here and now (its renewal), and its release goes to a background thread.
     pub(crate) fn release_later(self: &Arc<Self>, grant: Arc<Grant>) {
         let was_held = self.stop(&grant);
         self.later(Work::Release { grant, was_held });
@@ -113,21 +113,11 @@ impl Locks {
         }
     }
 
-    /// Ends a grant in this process: no more renewal, no longer this thread's; returns whether
-    /// it was held until now.
+    /// Ends a grant in this process (no more renewal); returns whether it was held until now.
     fn stop(&self, grant: &Grant) -> bool {
         let was_held = grant.is_held();
         grant.end();
         self.renewal.forget(grant.id);
-        {
-            let mut holders = self.holders();
-            if holders
-                .get(grant.keys.tag())
-                .is_some_and(|(id, _)| *id == grant.id)
-            {
-                holders.remove(grant.keys.tag());
-            }
-        }
         was_held
     }
 

@@ -43,7 +43,10 @@ fn calls_fail_at_once_when_nothing_listens() {
     );
     let e = within(bound, "lock()", || client.lock("k")).unwrap_err();
     assert!(e.is_connection(), "{e}");
-    let e = within(bound, "with_lock()", || client.with_lock("k", |_| ())).unwrap_err();
+    let e = within(bound, "with_lock()", || {
+        client.with_lock("k", |_| Ok::<_, fencelock::Error>(()))
+    })
+    .unwrap_err();
     assert!(e.is_connection(), "{e}");
     let e = within(bound, "try_lock(0)", || {
         client.try_lock("k", Duration::ZERO)

@@ -42,6 +42,10 @@ fn bad_settings_are_rejected_by_build() {
     rejected(LockClient::builder("http://127.0.0.1/").build(), "url");
     rejected(LockClient::builder("not a url").build(), "url");
     rejected(LockClient::new(""), "url");
+    // TLS is not supported yet (README, "Not supported yet"): refused, not tried in the clear.
+    rejected(LockClient::builder("rediss://127.0.0.1/").build(), "url");
+    let tls = fencelock::FencedRedis::open("rediss://127.0.0.1/").unwrap_err();
+    assert!(tls.is_invalid_argument(), "{tls:?}");
     assert!(b().lease(ms(10)).pool_size(1).build().is_ok());
 }
 
