@@ -32,7 +32,8 @@ impl Locks {
     /// Checks everything that needs no network: the key, the options, and that this thread does
     /// not hold the key already.
     fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
-        let keys = LockKeys::new(&self.config.namespace, key)?;
+        let mut keys = LockKeys::new(&self.config.namespace, key)?;
+        keys.set_idle_expiry(self.config.idle_expiry);
         options.validate()?;
         if self.held_by_this_thread(keys.tag()) {
             return Err(Error::WouldDeadlock {
