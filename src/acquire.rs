@@ -34,7 +34,8 @@ impl Locks {
     /// have moved to another thread, so holding one is no reason to refuse (see
     /// [`LockClient::lock`](crate::LockClient::lock)).
     fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
-        let keys = LockKeys::new(&self.config.namespace, key)?;
+        let mut keys = LockKeys::new(&self.config.namespace, key)?;
+        keys.set_idle_expiry(self.config.idle_expiry);
         options.validate()?;
         if reentrant::held_here(self.identity(), keys.tag()) {
             return Err(Error::WouldDeadlock {

@@ -58,7 +58,10 @@
 //!
 //! The acquire script sets the lock key and runs `INCR` on the key's fence counter in one atomic
 //! step, so the token of a grant is larger than that of every earlier grant of the same key, in
-//! any process. The counter outlives the lock; [design.md] explains the key layout and the
+//! any process. The counter outlives the lock, and expires once nobody has locked the key for
+//! [`Builder::idle_expiry`] (24 h by default): the next grant takes its token from the Redis
+//! server's clock, which has passed the counter by then, so a key nobody uses leaves nothing in
+//! Redis. [design.md] explains the key layout, the clock assumption of that expiry and the
 //! persistence Redis needs for tokens to survive a restart.
 //!
 //! A token protects only storage that checks it: storage that remembers the highest token it
@@ -261,7 +264,7 @@ mod wait;
 mod wire;
 
 pub use crate::client::LockClient;
-pub use crate::config::{Builder, MAX_POOL_SIZE, MAX_TIMEOUT};
+pub use crate::config::{Builder, MAX_IDLE_EXPIRY, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_IDLE_EXPIRY};
 pub use crate::error::{Error, Result};
 pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;

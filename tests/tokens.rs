@@ -92,6 +92,7 @@ fn run_acquire(con: &mut redis::Connection, key: &str, owner: &str) -> (i64, u64
         .arg(owner)
         .arg("10000")
         .arg("0")
+        .arg("60000")
         .invoke(con)
         .unwrap_or_else(|e| panic!("acquire script: {e}"));
     let Value::Array(items) = &reply else {
