@@ -64,9 +64,21 @@ impl Connector {
     ) -> redis::RedisResult<redis::Connection> {
         match (&self.shape, node) {
             (Shape::Single(client), _) => {
-                let con = client.get_connection_with_timeout(connect_timeout)?;
+                let mut con = client.get_connection_with_timeout(connect_timeout)?;
                 con.set_read_timeout(Some(response_timeout))?;
                 con.set_write_timeout(Some(response_timeout))?;
+                if client
+                    .get_connection_info()
+                    .redis_settings()
+                    .password()
+                    .is_none()
+                {
+                    // Without a password nothing in the set-up asks the server, and a server that
+                    // wants one would refuse the first command (NOAUTH) or, for a script with
+                    // many arguments, close the connection with a protocol error. Asking now
+                    // makes it a rejected set-up, which retrying cannot fix.
+                    redis::cmd("PING").query::<()>(&mut con)?;
+                }
                 Ok(con)
             }
         }
