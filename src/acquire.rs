@@ -119,10 +119,13 @@ impl Locks {
         if wait.queued_since.is_none() && !named {
             return found.map(|_| Round::Deadline);
         }
-        if matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable() {
-            // Redis did not answer: leaving now would wait for it again, past the caller's
-            // timeout. Until the background thread gets through, a lock handed to us stays
-            // held until its lease runs out.
+        let past_deadline = matches!(&found, Ok(None));
+        if past_deadline || matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable()
+        {
+            // The caller's time is up, or Redis did not answer: leaving here could wait for
+            // Redis past the caller's timeout. Until the background thread gets through, a lock
+            // handed to us meanwhile stays held until its lease runs out (it hands it on if it
+            // is still ours).
             self.leave_later(keys);
             return found.map(|_| Round::Deadline);
         }

@@ -110,7 +110,11 @@ impl Connector {
 /// and then a pipeline that spans several TCP segments (a renewal batch) can wait for a delayed
 /// ACK: batches of a few hundred extends took 100-400 ms on loopback, long enough to lose leases.
 fn client(url: &str) -> Result<redis::Client> {
-    check_url(url)?;
+    let parsed = redis::Client::open(url);
+    if parsed.is_err() {
+        // Say what is wrong, where redis-rs says only that the URL did not parse.
+        check_url(url)?;
+    }
     let invalid = |e: redis::RedisError| {
         Error::invalid(
             "url",
@@ -120,10 +124,7 @@ fn client(url: &str) -> Result<redis::Client> {
             ),
         )
     };
-    let info = redis::Client::open(url)
-        .map_err(invalid)?
-        .get_connection_info()
-        .clone();
+    let info = parsed.map_err(invalid)?.get_connection_info().clone();
     let tcp = info.tcp_settings().clone().set_nodelay(true);
     redis::Client::open(info.set_tcp_settings(tcp)).map_err(invalid)
 }
@@ -132,8 +133,8 @@ fn client(url: &str) -> Result<redis::Client> {
 const FORMS: &str = "expected redis://[[user]:password@]host[:port][/db], \
                      redis+unix:///path/to/socket[?db=N] or unix:///path/to/socket";
 
-/// Says what is wrong with a URL that is not of a form we accept, before redis-rs' parser does
-/// (it says only that the URL did not parse).
+/// Says what is wrong with a URL that redis-rs' parser refused (it says only that the URL did
+/// not parse). `Ok` if nothing here explains it.
 fn check_url(url: &str) -> Result<()> {
     let wrong = |what: String| Err(Error::invalid("url", format!("{what}; {FORMS}")));
     if url.trim().is_empty() {
@@ -232,7 +233,6 @@ mod tests {
             ("redis+sentinel://a:26379/mymaster", "not supported yet"),
             ("redis://localhost:99999/", "port \"99999\""),
             ("redis://localhost:63x9/", "port"),
-            ("redis://localhost/orders", "database \"orders\""),
             ("redis://", "no host"),
         ] {
             let reason = reason(url);
@@ -251,6 +251,13 @@ mod tests {
             "redis://[::1]:6379/",
             "redis+unix:///tmp/redis.sock",
             "unix:///tmp/redis.sock?db=1",
+            // Forms redis-rs accepts that a stricter check of ours once refused.
+            "redis://127.0.0.1:6379/0\n",
+            " redis://127.0.0.1:6379/",
+            "REDIS://127.0.0.1:6379/",
+            "redis://127.0.0.1:6379/0/",
+            "redis://127.0.0.1:/",
+            "unix:/tmp/redis.sock",
         ] {
             assert!(client(url).is_ok(), "{url:?}: {:?}", client(url).err());
         }

@@ -198,7 +198,14 @@ impl Error {
                 e.code(),
                 Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
             );
-        if transient {
+        // redis-rs wraps a failed SELECT in a message of its own, dropping the reply's code:
+        // a server busy with a script or still loading is an outage all the same.
+        let detail = e.detail().unwrap_or_default().to_ascii_lowercase();
+        let busy = detail.contains("busy") || detail.contains("loading");
+        if e.is_timeout() {
+            // Nothing was sent: unlike a command's timeout, nothing may have run.
+            Error::Connection(Box::new(e))
+        } else if transient || busy {
             Error::from_redis(e)
         } else {
             Error::Rejected(Box::new(e))

@@ -141,7 +141,8 @@ impl LockGuard {
 /// The release is one round trip, made by the dropping thread so that a waiter gets the lock
 /// without a detour. While Redis is unreachable (the client's last connection attempt or command
 /// failed to reach it, and none has succeeded since) the drop does not wait: renewal stops at
-/// once, and the release is left to a background thread. So a drop waits at most for one
+/// once, and the release is left to a background thread, as it is for a lock already known
+/// lost. So a drop waits at most for one
 /// round trip to a Redis that answered last time: the response timeout if it stops answering
 /// just then. Call [`unlock`](LockGuard::unlock) to wait for the outcome instead.
 impl Drop for LockGuard {
@@ -149,7 +150,9 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        if self.locks.pool.unreachable() {
+        // A lock already known lost (renewal failed, maybe against a frozen Redis) has nobody
+        // waiting on its release here either.
+        if self.locks.pool.unreachable() || !self.grant.is_held() {
             self.locks.release_later(Arc::clone(&self.grant));
             return;
         }

@@ -318,15 +318,15 @@ impl Pool {
             }
             result = f(&mut conn.con, Run::Retry);
         }
-        if cut && result.is_ok() {
-            // Back to the response timeout for the next borrower; if that fails, the
-            // connection is not trusted with it.
+        if cut {
+            // Back to the response timeout for the next borrower, whatever the reply was (an
+            // error reply too); if that fails, the connection is not trusted with it.
             conn.timed_out |= conn
                 .con
                 .set_read_timeout(Some(self.response_timeout))
                 .is_err();
         }
-        let result = self.finish(&mut conn, result);
+        let result = self.finish(&mut conn, result, cut);
         self.put(conn);
         result
     }
@@ -357,7 +357,7 @@ impl Pool {
                 self.retire_all(e);
             }
         }
-        let result = self.finish(&mut conn, result);
+        let result = self.finish(&mut conn, result, false);
         self.put(conn);
         result
     }
@@ -451,15 +451,16 @@ impl Pool {
     }
 
     /// Marks a connection whose command timed out, so that it is discarded, notes whether Redis
-    /// answered, and maps the error.
-    fn finish<T>(&self, conn: &mut Conn, result: redis::RedisResult<T>) -> Result<T> {
+    /// answered, and maps the error. A reply that missed a caller's deadline (`cut`) says
+    /// nothing about Redis being unreachable: it may just have been slower than the deadline.
+    fn finish<T>(&self, conn: &mut Conn, result: redis::RedisResult<T>, cut: bool) -> Result<T> {
         conn.timed_out |= result.as_ref().is_err_and(|e| e.is_timeout());
-        self.unreachable.store(
-            result
-                .as_ref()
-                .is_err_and(|e| e.is_io_error() || e.is_timeout()),
-            Ordering::Relaxed,
-        );
+        let missed = result
+            .as_ref()
+            .is_err_and(|e| e.is_io_error() || e.is_timeout());
+        if !(cut && missed) {
+            self.unreachable.store(missed, Ordering::Relaxed);
+        }
         result.map_err(Error::from_redis)
     }
 

@@ -1,0 +1,223 @@
+//! The edges of honouring timeouts: a deadline-cut read does not outlive its call, URLs redis-rs
+//! accepts stay accepted, a busy server is not a configuration error, and a drop or a deadline
+//! never waits for a Redis that stopped answering.
+
+mod support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fencelock::LockClient;
+use support::{lock_key, ms, RedisServer, NAMESPACE};
+
+fn client(url: &str, pool_size: u32, response_timeout: Duration) -> LockClient {
+    LockClient::builder(url)
+        .namespace(NAMESPACE)
+        .lease(Duration::from_secs(10))
+        .pool_size(pool_size)
+        .connection_timeout(Duration::from_secs(5))
+        .response_timeout(response_timeout)
+        .build()
+        .unwrap_or_else(|e| panic!("client for {url}: {e}"))
+}
+
+/// A try_lock whose attempt gets an error reply (here WRONGTYPE: the lock key is a list) puts its
+/// connection back with the read timeout cut to the try_lock's deadline. The next call on that
+/// connection, with no deadline of its own, then times out after ~50 ms instead of the 5 s
+/// response timeout.
+#[test]
+fn an_error_reply_under_a_deadline_leaves_a_short_read_timeout_in_the_pool() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("RPUSH")
+        .arg(lock_key("wrongtype"))
+        .arg("x")
+        .query(&mut admin)
+        .unwrap();
+    let client = client(&server.url(), 1, Duration::from_secs(5));
+    // Warm the one pooled connection.
+    drop(client.lock("warm").unwrap());
+    let e = client.try_lock("wrongtype", ms(50)).unwrap_err();
+    assert!(e.is_redis(), "{e:?}");
+    // Redis is slow for 300 ms: well within the 5 s response timeout.
+    server.pause();
+    let resume = thread::spawn({
+        let pid = server.pid();
+        move || {
+            thread::sleep(ms(300));
+            // SAFETY: the pid of our own unreaped child; SIGCONT only.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+        }
+    });
+    let started = Instant::now();
+    let result = client.lock("other");
+    let took = started.elapsed();
+    resume.join().unwrap();
+    server.resume();
+    let guard = result.unwrap_or_else(|e| {
+        panic!("lock() with a 5 s response timeout failed after {took:?}: {e:?}")
+    });
+    drop(guard);
+}
+
+/// The same connection also serves unlocks (combined): an unlock during a short stall fails,
+/// and the client then believes Redis unreachable.
+#[test]
+fn an_error_reply_under_a_deadline_makes_a_later_unlock_time_out() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("RPUSH")
+        .arg(lock_key("wrongtype"))
+        .arg("x")
+        .query(&mut admin)
+        .unwrap();
+    let client = client(&server.url(), 1, Duration::from_secs(5));
+    let guard = client.lock("held").unwrap();
+    let e = client.try_lock("wrongtype", ms(50)).unwrap_err();
+    assert!(e.is_redis(), "{e:?}");
+    server.pause();
+    let resume = thread::spawn({
+        let pid = server.pid();
+        move || {
+            thread::sleep(ms(300));
+            // SAFETY: the pid of our own unreaped child; SIGCONT only.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+        }
+    });
+    let started = Instant::now();
+    let result = guard.unlock();
+    let took = started.elapsed();
+    resume.join().unwrap();
+    server.resume();
+    result.unwrap_or_else(|e| {
+        panic!("unlock() with a 5 s response timeout failed after {took:?}: {e:?}")
+    });
+}
+
+/// URLs redis-rs accepts stay accepted (a trailing newline from a file, an upper-case scheme, ...).
+/// Each names the server the test started.
+#[test]
+fn urls_redis_rs_accepts_are_not_refused() {
+    let sock_dir = support::unique_temp_dir("fencelock-url-sock");
+    let sock = sock_dir.join("redis.sock");
+    let server = RedisServer::start_with(&["--unixsocket", sock.to_str().unwrap()]);
+    let port = server.port();
+    let mut refused = Vec::new();
+    for url in [
+        // A URL read from a file or a secret often ends in a newline; the url crate strips it.
+        format!("redis://127.0.0.1:{port}/\n"),
+        format!("redis://127.0.0.1:{port}\n"),
+        format!(" redis://127.0.0.1:{port}/"),
+        // Schemes are case-insensitive.
+        format!("REDIS://127.0.0.1:{port}/"),
+        // redis-rs trims slashes around the database.
+        format!("redis://127.0.0.1:{port}/0/"),
+        // Valkey's schemes.
+        format!("valkey://127.0.0.1:{port}/"),
+        format!("valkey+unix://{}", sock.display()),
+        // A file URL without an authority.
+        format!("unix:{}", sock.display()),
+    ] {
+        assert!(
+            redis::Client::open(url.as_str()).is_ok(),
+            "redis-rs refuses {url:?} too"
+        );
+        match LockClient::builder(url.as_str())
+            .namespace(NAMESPACE)
+            .build()
+        {
+            Ok(client) => drop(client.lock("k").unwrap()),
+            Err(e) => refused.push(format!("{url:?}: {e}")),
+        }
+    }
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+}
+
+/// A long-running script makes Redis answer BUSY to most commands until it ends or is killed:
+/// transient. A URL without a database asks PING at connect and reports BUSY as a Redis error;
+/// a URL with a database gets BUSY for its SELECT, which redis-rs reports as "refused to switch
+/// database", and fencelock calls that a rejected set-up ("retrying will not help").
+#[test]
+fn a_busy_server_is_not_a_rejected_set_up() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "busy-reply-threshold", "10"])
+        .query(&mut admin)
+        .unwrap();
+    let mut busy = server.connection();
+    let script = thread::spawn(move || {
+        let _ = redis::cmd("EVAL")
+            .arg("while true do end")
+            .arg(0)
+            .query::<()>(&mut busy);
+    });
+    thread::sleep(ms(200));
+    let mut seen = Vec::new();
+    for url in [
+        format!("redis://127.0.0.1:{}/", server.port()),
+        format!("redis://127.0.0.1:{}/3", server.port()),
+    ] {
+        let e = client(&url, 4, Duration::from_secs(5))
+            .lock("k")
+            .unwrap_err();
+        seen.push((url, e));
+    }
+    let _: () = redis::cmd("SCRIPT").arg("KILL").query(&mut admin).unwrap();
+    script.join().unwrap();
+    let rejected: Vec<_> = seen.iter().filter(|(_, e)| e.is_rejected()).collect();
+    assert!(rejected.is_empty(), "BUSY reported as rejected: {seen:#?}");
+}
+
+/// Redis stops answering while two guards are dropped a moment apart. The first drop waits the
+/// response timeout (documented). The second queues its release behind the first one's batch,
+/// waits for that batch to time out, and then sends its own batch, which waits the response
+/// timeout again: twice what Drop's docs promise ("the response timeout if it stops answering
+/// just then"), though by then the client knows Redis is unreachable.
+#[test]
+fn try_lock_holds_its_deadline_when_redis_freezes_while_it_waits() {
+    let server = RedisServer::start();
+    let holder = client(&server.url(), 4, Duration::from_secs(5));
+    let _held = holder.lock("k").unwrap();
+    let waiter = client(&server.url(), 4, Duration::from_secs(5));
+    let started = Instant::now();
+    let result = thread::scope(|s| {
+        let waiting = s.spawn(|| waiter.try_lock("k", ms(300)));
+        thread::sleep(ms(150));
+        server.pause();
+        waiting.join().unwrap()
+    });
+    let took = started.elapsed();
+    server.resume();
+    assert!(matches!(result, Ok(None)), "{result:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "try_lock(300 ms) took {took:?}"
+    );
+}
+
+/// Redis stops answering while a guard is held. Renewal finds out (the guard turns lost), but
+/// the pool's `unreachable` flag hears only of the pool's own calls, so dropping the lost guard
+/// still waits the whole response timeout on the caller's thread.
+#[test]
+fn dropping_a_guard_renewal_already_lost_does_not_wait_for_redis() {
+    let server = RedisServer::start();
+    let client = LockClient::builder(server.url())
+        .namespace(NAMESPACE)
+        .lease(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let guard = client.lock("k").unwrap();
+    server.pause();
+    let lost = guard.lost().recv_timeout(Duration::from_secs(5));
+    assert!(lost.is_ok() || !guard.is_held(), "renewal never noticed");
+    let started = Instant::now();
+    drop(guard);
+    let took = started.elapsed();
+    server.resume();
+    assert!(
+        took < Duration::from_secs(1),
+        "dropping a guard already known lost took {took:?}"
+    );
+}
