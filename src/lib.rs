@@ -193,8 +193,8 @@
 //!   given back, or that reached a waiter as it was dropped (it expires with its lease); a
 //!   client whose Redis user may not subscribe to its release channel (ACL).
 //! - **debug**: grants and releases (key and token), a handoff that came too late to use,
-//!   renewal rounds that failed and are retried, the release channel reconnecting, pooled
-//!   connections that could not be opened, release messages ignored.
+//!   renewal rounds that failed and are retried, the release channel reconnecting, release
+//!   messages ignored.
 //!
 //! Nothing is logged at error, info or trace: failures a caller can see are returned to it as
 //! [`Error`], not logged. Owner ids never appear above debug.
@@ -202,8 +202,14 @@
 //! # Errors
 //!
 //! Every fallible call returns [`Error`]; bad input (an empty key, a zero lease, a zero pool
-//! size, a malformed URL) is rejected before any network call. Nothing in this crate panics on
-//! bad input or on Redis failures, and dropping a guard never panics.
+//! size, a malformed URL) is rejected before any network call, with what is wrong in its
+//! message. A call that cannot reach Redis fails at once with the cause
+//! ([`Error::Connection`]: refused, timed out), and one whose connection set-up the server refused
+//! (a wrong password, a database out of range) fails with [`Error::Rejected`], which retrying
+//! cannot fix. `try_lock(key, timeout)` returns within `timeout` plus at most one connection
+//! attempt (the connection timeout), whatever Redis does. Nothing in this crate panics on bad
+//! input or on Redis failures, and dropping a guard never panics, nor waits for a Redis that
+//! stopped answering.
 //!
 //! # What this lock does not guarantee
 //!
