@@ -113,6 +113,8 @@
 )]
 
 mod acquire;
+#[cfg(test)]
+mod checked;
 mod client;
 mod config;
 mod connector;

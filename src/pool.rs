@@ -7,16 +7,19 @@
 //! next checkout, so one outage costs one failed command, not one per pooled connection.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
 use redis::{ConnectionLike, RedisError, Value};
 
 use crate::connector::{Connector, Node};
 use crate::wire::{self, Interrupted};
 
 use crate::error::{Error, Result};
+
+mod combine;
+
+use combine::{Combiner, Turn};
 
 /// Which run of a call a [`Pool::run`] closure makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,26 +102,8 @@ pub(crate) struct Pool {
     connector: Arc<Connector>,
     node: Node,
     generations: Arc<Generations>,
-    combining: Mutex<Combining>,
-}
-
-/// Calls waiting to go out together (see [`Pool::combined`]).
-#[derive(Default)]
-struct Combining {
-    calls: Vec<Call>,
-    /// A thread is sending a batch; the calls queued meanwhile go in the next.
-    busy: bool,
-}
-
-struct Call {
-    packed: Vec<u8>,
-    answer: Sender<Answer>,
-}
-
-enum Answer {
-    Reply(Combined),
-    /// Send the next batch: the calls queued now, this one first.
-    Lead,
+    /// Calls waiting to go out together (see [`Pool::combined`]).
+    combining: Combiner<Vec<u8>, Combined>,
 }
 
 /// How a combined call ended.
@@ -160,7 +145,7 @@ impl Pool {
             connector,
             node,
             generations,
-            combining: Mutex::default(),
+            combining: Combiner::default(),
         }
     }
 
@@ -258,31 +243,18 @@ impl Pool {
     /// one connection: group commit. Redis reads and answers a batch in one system call each
     /// way, which under load costs it a fraction of separate calls. Alone, a call goes out at
     /// once. A thread sends at most one batch, its own call first, and passes the sending of
-    /// the calls queued meanwhile on to the first of them. Nothing is retried here.
+    /// the calls queued meanwhile on to the first of them. Nothing is retried here. Who sends
+    /// what is the [`Combiner`]'s bookkeeping; this is the connection's part.
     fn combined(&self, packed: Vec<u8>) -> Combined {
-        let (answer, answered) = crossbeam_channel::bounded(1);
-        let lead = {
-            let mut combining = self.combining();
-            combining.calls.push(Call { packed, answer });
-            !std::mem::replace(&mut combining.busy, true)
+        let mut batch = match self.combining.join(packed) {
+            // Not sent (its batch was dropped): the caller runs it alone.
+            Turn::Answered(reply) => return reply.unwrap_or(Combined::NotRun),
+            Turn::Lead(batch) => batch,
         };
-        if !lead {
-            match answered.recv() {
-                Ok(Answer::Reply(reply)) => return reply,
-                Ok(Answer::Lead) => {}
-                // The leader always answers before dropping a call.
-                Err(_) => return Combined::NotRun,
-            }
-        }
-        let mut batch = Batch {
-            pool: self,
-            calls: std::mem::take(&mut self.combining().calls),
-            passed_on: false,
-        };
-        let mut buf = Vec::with_capacity(batch.calls.iter().map(|c| c.packed.len()).sum());
-        let mut ends = Vec::with_capacity(batch.calls.len());
-        for call in &batch.calls {
-            buf.extend_from_slice(&call.packed);
+        let mut buf = Vec::with_capacity(batch.items().map(Vec::len).sum());
+        let mut ends = Vec::with_capacity(batch.items().len());
+        for packed in batch.items() {
+            buf.extend_from_slice(packed);
             ends.push(buf.len());
         }
         let sent = self.get().map(|mut conn| {
@@ -312,13 +284,7 @@ impl Pool {
                 })
                 .collect(),
         };
-        batch.answer(replies)
-    }
-
-    fn combining(&self) -> MutexGuard<'_, Combining> {
-        self.combining
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        batch.answer(replies).unwrap_or(Combined::NotRun)
     }
 
     /// Every connection made so far predates the break we just saw (`error`); none is worth a
@@ -329,50 +295,6 @@ impl Pool {
         self.generations
             .stale_below
             .fetch_max(made, Ordering::Relaxed);
-    }
-}
-
-/// The calls of a batch being sent, its sender's own first. Dropped before it has answered them
-/// (a panic, say in a logger r2d2 calls), it still passes the sending on and answers each call,
-/// so that no thread waits forever.
-struct Batch<'a> {
-    pool: &'a Pool,
-    calls: Vec<Call>,
-    passed_on: bool,
-}
-
-impl Batch<'_> {
-    /// Hands the sending of the calls queued meanwhile to the first of them.
-    fn pass_on(&mut self) {
-        if std::mem::replace(&mut self.passed_on, true) {
-            return;
-        }
-        let mut combining = self.pool.combining();
-        match combining.calls.first() {
-            Some(next) => {
-                let _ = next.answer.send(Answer::Lead);
-            }
-            None => combining.busy = false,
-        }
-    }
-
-    /// Answers every call but the sender's, and returns the sender's reply.
-    fn answer(mut self, replies: Vec<Combined>) -> Combined {
-        let mut replies = replies.into_iter();
-        let mine = replies.next().unwrap_or(Combined::NotRun);
-        for (call, reply) in self.calls.drain(..).skip(1).zip(replies) {
-            let _ = call.answer.send(Answer::Reply(reply));
-        }
-        mine
-    }
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        self.pass_on();
-        for call in self.calls.drain(..).skip(1) {
-            let _ = call.answer.send(Answer::Reply(Combined::NotRun));
-        }
     }
 }
 

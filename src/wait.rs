@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
-use checked::{Mutex, MutexGuard};
+use crate::checked::{Mutex, MutexGuard};
 
 use crossbeam_channel::{Receiver, Select, Sender};
 
@@ -459,78 +459,6 @@ impl Drop for Ticket {
                  the lock runs out with its lease",
                 self.tag
             );
-        }
-    }
-}
-
-/// What the queues lock with in the crate's unit tests: std's primitives, or Shuttle's when made
-/// inside a Shuttle execution, so that a model check (`tests::model`) controls and explores
-/// every interleaving of the queues' critical sections. Outside one, it is std's, as in a build.
-#[cfg(test)]
-mod checked {
-    use std::ops::{Deref, DerefMut};
-    use std::sync::{LockResult, PoisonError};
-
-    fn modelled() -> bool {
-        shuttle::current::try_get_current_task().is_some()
-    }
-
-    pub(super) enum Mutex<T> {
-        Std(std::sync::Mutex<T>),
-        Model(shuttle::sync::Mutex<T>),
-    }
-
-    pub(super) enum MutexGuard<'a, T> {
-        Std(std::sync::MutexGuard<'a, T>),
-        Model(shuttle::sync::MutexGuard<'a, T>),
-    }
-
-    impl<T> Mutex<T> {
-        pub(super) fn new(value: T) -> Self {
-            if modelled() {
-                Self::Model(shuttle::sync::Mutex::new(value))
-            } else {
-                Self::Std(std::sync::Mutex::new(value))
-            }
-        }
-
-        pub(super) fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
-            match self {
-                Self::Std(m) => m
-                    .lock()
-                    .map(MutexGuard::Std)
-                    .map_err(|e| PoisonError::new(MutexGuard::Std(e.into_inner()))),
-                Self::Model(m) => m
-                    .lock()
-                    .map(MutexGuard::Model)
-                    .map_err(|e| PoisonError::new(MutexGuard::Model(e.into_inner()))),
-            }
-        }
-    }
-
-    impl<T: Default> Default for Mutex<T> {
-        fn default() -> Self {
-            Self::new(T::default())
-        }
-    }
-
-    impl<T> Deref for MutexGuard<'_, T> {
-        type Target = T;
-
-        fn deref(&self) -> &T {
-            match self {
-                Self::Std(g) => g,
-                Self::Model(g) => g,
-            }
-        }
-    }
-
-    impl<T> DerefMut for MutexGuard<'_, T> {
-        fn deref_mut(&mut self) -> &mut T {
-            match self {
-                Self::Std(g) => g,
-                Self::Model(g) => g,
-            }
         }
     }
 }
@@ -1360,7 +1288,7 @@ mod tests {
     }
 
     /// The races above under Shuttle's exhaustive (DFS) scheduler: every interleaving of the
-    /// queues' mutexes and atomics, not just those the OS happens to produce. The channels are
+    /// queues' mutexes (`crate::checked`), not just those the OS happens to produce. The channels are
     /// crossbeam's and not modelled: their non-blocking operations (`send` on an unbounded
     /// channel, `try_iter`) run whole between two scheduling points, which is sound for a
     /// linearizable channel. Nothing here blocks on a channel, which Shuttle could not schedule.
