@@ -4,8 +4,9 @@
 //! fencing token, and writes the row; then A wakes up and writes with its old token. The
 //! `UPDATE` matches zero rows for A, so B's row stays.
 //!
-//! Connects to `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), where it
-//! drops and re-creates the table `fenced_documents` and leaves it for you to inspect. Takes its
+//! Connects to `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and works in a
+//! temporary table, `fenced_documents`, which it drops at the end; PostgreSQL drops it anyway
+//! when the connection closes, however the example ends, so nothing is left behind. Takes its
 //! locks on `REDIS_URL` when set; otherwise it starts a throwaway `redis-server`.
 //!
 //!     cargo run --example fenced_postgres
@@ -20,10 +21,11 @@ use postgres::{Client, NoTls};
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-/// Every guarded table gets a `fence` column: the highest token that wrote the row.
+/// Every guarded table gets a `fence` column: the highest token that wrote the row. (`TEMP`
+/// only because this is a demonstration: the table lives as long as this connection, and no
+/// other session sees it. A real table is created the same way without it.)
 const SCHEMA: &str = "
-    DROP TABLE IF EXISTS fenced_documents;
-    CREATE TABLE fenced_documents (
+    CREATE TEMP TABLE fenced_documents (
         id    text   PRIMARY KEY,
         body  text   NOT NULL,
         fence bigint NOT NULL DEFAULT 0
@@ -50,8 +52,8 @@ fn fenced_update(
     body: &str,
     token: FencingToken,
 ) -> Result<Write, Box<dyn std::error::Error>> {
-    // Tokens come from a Redis counter, a signed 64-bit integer: they always fit a bigint.
-    let token = i64::try_from(token.as_u64())?;
+    // Every granted token fits a bigint: fence counters are Redis integers, signed 64-bit.
+    let token = token.as_i64()?;
     let updated = db.execute(
         "UPDATE fenced_documents SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2",
         &[&body, &token, &id],
@@ -78,8 +80,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
     })?;
     db.batch_execute(SCHEMA)?;
-    println!("using {database_url}: created table fenced_documents with row 'report'");
+    println!("using {database_url}: created temporary table fenced_documents with row 'report'");
+    let outcome = demonstrate(&mut db);
+    // On success and on error alike; if the process dies first, closing the connection does it.
+    let dropped = db.batch_execute("DROP TABLE IF EXISTS fenced_documents");
+    outcome?;
+    dropped?;
+    println!("dropped table fenced_documents");
+    Ok(())
+}
 
+/// A and B take turns on the lock; A's late write is refused.
+fn demonstrate(db: &mut Client) -> Result<(), Box<dyn std::error::Error>> {
     let (redis_url, _server) = throwaway_redis::redis_url()?;
     let locks = LockClient::builder(redis_url.as_str())
         .namespace("fenced-example")
@@ -96,7 +108,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b = locks.lock("report")?;
     let token_b = b.token();
     for body in ["final, by B", "final and signed, by B"] {
-        match fenced_update(&mut db, "report", body, token_b)? {
+        match fenced_update(db, "report", body, token_b)? {
             Write::Accepted => println!("B writes {body:?} with token {token_b}: accepted"),
             Write::Stale { fence } => println!("B's write: rejected, fence is {fence}"),
         }
@@ -104,7 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     b.unlock()?;
 
     println!("A wakes up and writes with its old token {token_a}");
-    match fenced_update(&mut db, "report", "final, by A", token_a)? {
+    match fenced_update(db, "report", "final, by A", token_a)? {
         Write::Accepted => return Err("the stale write was accepted".into()),
         // What the application does: give up this piece of work. Retrying with the same token
         // can never succeed; if the work still has to happen, take the lock again (a new token),

@@ -46,7 +46,7 @@ impl Store {
                 Err(e) => Err(e.into()),
             },
             Store::Postgres { db, table } => {
-                let fence = i64::try_from(token.as_u64())?;
+                let fence = token.as_i64()?;
                 let update = format!(
                     "UPDATE {table} SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2"
                 );

@@ -13,7 +13,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -24,18 +23,22 @@ use crate::guard::LockGuard;
 use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::options::LockOptions;
-use crate::pool::Run;
+use crate::pool::{Run, MIN_READ};
+use crate::reentrant;
 use crate::scripts::{self, Acquire, JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
 use crate::wait::{Ticket, Waited, Wake, LOCAL_RUN};
 
 impl Locks {
     /// Checks everything that needs no network: the key, the options, and that this thread does
-    /// not hold the key already.
+    /// not hold the key through a [`ReentrantGuard`](crate::ReentrantGuard). A plain guard may
+    /// have moved to another thread, so holding one is no reason to refuse (see
+    /// [`LockClient::lock`](crate::LockClient::lock)).
     fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
-        let keys = LockKeys::new(&self.config.namespace, key)?;
+        let mut keys = LockKeys::new(&self.config.namespace, key)?;
+        keys.set_idle_expiry(self.config.idle_expiry);
         options.validate()?;
-        if self.held_by_this_thread(keys.tag()) {
+        if reentrant::held_here(self.identity(), keys.tag()) {
             return Err(Error::WouldDeadlock {
                 key: keys.user().to_owned(),
             });
@@ -55,7 +58,8 @@ impl Locks {
         self.new_owner(&mut keys);
         let lease = options.lease.unwrap_or(self.config.lease);
         let sent = Instant::now();
-        let Acquire::Granted(token) = self.attempt(&keys, keys.owner(), lease, JoinQueue::Never)?
+        let Acquire::Granted(token) =
+            self.attempt(&keys, keys.owner(), lease, JoinQueue::Never, None)?
         else {
             return Ok(None);
         };
@@ -109,12 +113,20 @@ impl Locks {
             }
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
-        if in_redis_queue {
-            // Out of Redis' queue, so no handoff is wasted on us; one that already reached us
-            // is passed on. On failure, the entry expires by itself.
-            if let Err(e) = self.hand_over(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN) {
-                log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
-            }
+        if !in_redis_queue {
+            return found.map(|_| Round::Deadline);
+        }
+        if matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable() {
+            // Redis did not answer: leaving now would wait for it again, past the caller's
+            // timeout. Until the background thread gets through, a lock handed to us stays
+            // held until its lease runs out.
+            self.leave_later(keys);
+            return found.map(|_| Round::Deadline);
+        }
+        // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
+        // passed on. On failure, the entry expires by itself.
+        if let Err(e) = self.hand_over(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN) {
+            log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
         }
         found.map(|_| Round::Deadline)
     }
@@ -141,7 +153,7 @@ impl Locks {
                 // granted: one that attempted before or was named by a release. Marked before
                 // sending: if the reply is lost, leaving must still withdraw.
                 let queue = ticket.attempt(sent);
-                match self.attempt(keys, owner, lease, queue)? {
+                match self.attempt(keys, owner, lease, queue, deadline)? {
                     Acquire::Granted(token) => {
                         // A release that named us while our first attempt was out may have
                         // queued us: the grant's release then takes the entry out.
@@ -273,16 +285,18 @@ impl Locks {
     }
 
     /// One run of the acquire script (and WAIT, if replica acks are required). `queue`: join
-    /// Redis' queue for the key if the lock is held.
+    /// Redis' queue for the key if the lock is held. A reply that has not come by `deadline`
+    /// (if sooner than the response timeout) is a timeout.
     fn attempt(
         &self,
         keys: &LockKeys,
         owner: &str,
         lease: Duration,
         queue: JoinQueue,
+        deadline: Option<Instant>,
     ) -> Result<Acquire> {
         let acks = self.config.replica_acks;
-        self.pool.run(|con, run| {
+        self.pool.run_until(deadline, |con, run| {
             // A first run may have queued us before its reply was lost: a grant on this run must
             // take the entry out.
             let queue = match queue {
@@ -296,6 +310,9 @@ impl Locks {
                     // it did, and takes us out of the queue. (A retry of the whole closure after
                     // a broken connection is safe too: the script treats a lock already ours as
                     // granted.)
+                    // Its reply is of no use, and Redis is slow: wait for it only briefly, so that
+                    // the caller's timeout holds. The connection is discarded either way.
+                    let _ = con.set_read_timeout(Some(MIN_READ));
                     let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
                     Err(e)
                 }
@@ -324,8 +341,6 @@ impl Locks {
             new.token
         );
         let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&self.waiters)));
-        self.holders()
-            .insert(grant.keys.tag().to_owned(), (id, thread::current().id()));
         // The renewal thread outlives every guard, so this only fails if it died: then nothing
         // will renew this lease, and the holder must hear so now, not at the deadline.
         if !self.renewal.hold(Arc::clone(&grant)) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Builder;
 use crate::connector::Connector;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::locks::Locks;
@@ -66,12 +66,41 @@ impl LockClient {
     /// last look if that is sooner, does the waiter look again unprompted, since a holder (or a
     /// waiter handed the lock) that died publishes no release.
     ///
+    /// # Guards move between threads; re-locking a held key waits
+    ///
+    /// A [`LockGuard`] belongs to no thread: send it to another thread, or keep it in a thread
+    /// pool's task, and the thread that took it may lock the key again as soon as the guard's
+    /// new owner releases it. So `lock` does not ask which thread holds a key, and a thread that
+    /// asks for a key whose plain guard it holds itself waits for itself, like any waiter of a
+    /// held lock: forever with `lock` (renewal keeps the lease alive), until the timeout with
+    /// [`try_lock`](LockClient::try_lock), until cancelled with
+    /// [`LockOptions::cancel`](crate::LockOptions::cancel). That is what `std::sync::Mutex`
+    /// and `parking_lot::Mutex` do on a re-lock; their guards are `!Send`, and parking_lot's
+    /// deadlock detector cannot be built together with its `send_guard` feature, because a
+    /// check by thread is wrong once guards move. Nest on one thread with
+    /// [`reentrant_lock`](LockClient::reentrant_lock) instead: its guard cannot leave the
+    /// thread, so a plain `lock` of a key this thread holds through it fails at once with
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let guard = client.lock("job:7")?;
+    /// let worker = std::thread::spawn(move || guard.unlock()); // the guard moves
+    /// // Not refused: waits until the worker's unlock, then gets the next grant.
+    /// let again = client.try_lock("job:7", Duration::from_secs(5))?;
+    /// # let _ = (worker, again);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty key or one longer than
-    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
-    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) if this thread already holds `key` through this client (use
-    /// [`reentrant_lock`](LockClient::reentrant_lock) to nest). Connection errors, timeouts and
-    /// Redis errors end the wait rather than being retried forever.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty key or one longer
+    /// than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) if this thread holds `key` through
+    /// a [`ReentrantGuard`](crate::ReentrantGuard) of this client. Connection errors, timeouts
+    /// and Redis errors end the wait rather than being retried forever.
     pub fn lock(&self, key: &str) -> Result<LockGuard> {
         self.lock_with(key, &LockOptions::new())
     }
@@ -122,40 +151,163 @@ impl LockClient {
     /// Runs `f` under the lock on `key`, handing it the guard, and releases the lock when `f`
     /// returns or panics. Waits for the lock as [`lock`](LockClient::lock) does.
     ///
+    /// `f` returns a `Result` in an error type of your own, as with diesel's and sqlx's
+    /// `transaction`: fencelock's errors (taking the lock, releasing it) convert into it through
+    /// `From<fencelock::Error>`, so `?` works inside `f` and on the call alike, without a
+    /// `Result<Result<..>>`.
+    ///
+    /// ```no_run
+    /// use fencelock::{FencedRedis, LockClient};
+    ///
+    /// #[derive(Debug)]
+    /// enum AppError {
+    ///     OutOfStock,
+    ///     Lock(fencelock::Error),
+    /// }
+    ///
+    /// impl From<fencelock::Error> for AppError {
+    ///     fn from(e: fencelock::Error) -> Self {
+    ///         AppError::Lock(e)
+    ///     }
+    /// }
+    ///
+    /// fn take_one(client: &LockClient, store: &FencedRedis) -> Result<i64, AppError> {
+    ///     client.with_lock("stock:1", |guard| {
+    ///         let left = store.incr_by("stock:1", guard.token(), -1)?;
+    ///         if left < 0 {
+    ///             store.incr_by("stock:1", guard.token(), 1)?;
+    ///             return Err(AppError::OutOfStock);
+    ///         }
+    ///         Ok(left)
+    ///     })
+    /// }
+    /// ```
+    ///
+    /// A closure that cannot fail returns `Ok`, naming the error type where nothing else does:
+    ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
-    /// # fn deduct(_: u64) -> u32 { 0 }
     /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
-    /// let left = client.with_lock("stock:1", |guard| deduct(guard.token().as_u64()))?;
-    /// # let _ = left;
+    /// let token = client.with_lock("report", |guard| Ok::<_, fencelock::Error>(guard.token()))?;
+    /// # let _ = token;
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
-    /// As for [`lock`](LockClient::lock). Also [`Error::LockLost`](crate::Error::LockLost) if the lock was found lost
-    /// when `f` returned: `f` ran to the end, but possibly not alone, so its value is dropped.
-    pub fn with_lock<T>(&self, key: &str, f: impl FnOnce(&LockGuard) -> T) -> Result<T> {
-        let guard = self.lock(key)?;
-        let value = f(&guard);
-        guard.unlock().map(|()| value)
+    /// `f`'s own error, after the lock was released (a failed release is then only logged).
+    /// Otherwise fencelock's errors converted into `E`: as for [`lock`](LockClient::lock), and
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lock was found lost when `f` returned:
+    /// `f` ran to the end, but possibly not alone, so its value is dropped.
+    pub fn with_lock<T, E>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&LockGuard) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<Error>,
+    {
+        run_locked(self.lock(key)?, f)
     }
 
     /// [`with_lock`](LockClient::with_lock) that waits at most `timeout`; `Ok(None)` without
     /// running `f` if the lock could not be had in time.
     ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let ran = client.try_with_lock("nightly", Duration::from_secs(1), |_guard| {
+    ///     // ... the nightly job ...
+    ///     Ok::<_, fencelock::Error>(())
+    /// })?;
+    /// if ran.is_none() {
+    ///     println!("another process runs the nightly job");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As for [`with_lock`](LockClient::with_lock).
-    pub fn try_with_lock<T>(
+    pub fn try_with_lock<T, E>(
         &self,
         key: &str,
         timeout: Duration,
-        f: impl FnOnce(&LockGuard) -> T,
-    ) -> Result<Option<T>> {
-        let Some(guard) = self.try_lock(key, timeout)? else {
-            return Ok(None);
-        };
-        let value = f(&guard);
-        guard.unlock().map(|()| Some(value))
+        f: impl FnOnce(&LockGuard) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Option<T>, E>
+    where
+        E: From<Error>,
+    {
+        self.try_with_lock_with(key, timeout, &LockOptions::new(), f)
+    }
+
+    /// [`with_lock`](LockClient::with_lock) with per-call [`LockOptions`], as
+    /// [`lock_with`](LockClient::lock_with) takes them.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let options = LockOptions::new()
+    ///     .lease(Duration::from_secs(5))
+    ///     .max_hold(Duration::from_secs(60));
+    /// client.with_lock_with("rebuild-index", &options, |guard| {
+    ///     // ... at most a minute of work, checking guard.is_held() between steps ...
+    ///     # let _ = guard;
+    ///     Ok::<_, fencelock::Error>(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`with_lock`](LockClient::with_lock) and [`lock_with`](LockClient::lock_with).
+    pub fn with_lock_with<T, E>(
+        &self,
+        key: &str,
+        options: &LockOptions,
+        f: impl FnOnce(&LockGuard) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<Error>,
+    {
+        run_locked(self.lock_with(key, options)?, f)
+    }
+
+    /// [`try_with_lock`](LockClient::try_with_lock) with per-call [`LockOptions`], as
+    /// [`try_lock_with`](LockClient::try_lock_with) takes them.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let short = LockOptions::new().lease(Duration::from_secs(2));
+    /// let done = client.try_with_lock_with("cache:warm", Duration::ZERO, &short, |_guard| {
+    ///     Ok::<_, fencelock::Error>("warmed")
+    /// })?;
+    /// assert!(matches!(done, Some("warmed") | None));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`with_lock_with`](LockClient::with_lock_with).
+    pub fn try_with_lock_with<T, E>(
+        &self,
+        key: &str,
+        timeout: Duration,
+        options: &LockOptions,
+        f: impl FnOnce(&LockGuard) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Option<T>, E>
+    where
+        E: From<Error>,
+    {
+        match self.try_lock_with(key, timeout, options)? {
+            Some(guard) => run_locked(guard, f).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The namespace this client's keys live under.
@@ -171,7 +323,25 @@ impl LockClient {
     /// Tells clients apart (clones are one client): the address of the shared state, which
     /// lives as long as the client or any of its guards.
     pub(crate) fn identity(&self) -> usize {
-        Arc::as_ptr(&self.locks) as usize
+        self.locks.identity()
+    }
+}
+
+/// Runs `f` under `guard` and releases it: `f`'s error wins over a failed release (which
+/// `release` logs); a panic in `f` releases through the guard's drop.
+fn run_locked<T, E: From<Error>>(
+    guard: LockGuard,
+    f: impl FnOnce(&LockGuard) -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    match f(&guard) {
+        Ok(value) => {
+            guard.unlock()?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = guard.unlock();
+            Err(e)
+        }
     }
 }
 

@@ -9,6 +9,12 @@ use crate::scripts::ReplicaAcks;
 pub const MAX_POOL_SIZE: u32 = 1024;
 /// Longest connection or response timeout accepted.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+/// The idle expiry of a client whose builder did not set one.
+pub(crate) const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(24 * 60 * 60);
+/// Shortest idle expiry accepted by [`Builder::idle_expiry`].
+pub const MIN_IDLE_EXPIRY: Duration = Duration::from_secs(1);
+/// Longest idle expiry accepted by [`Builder::idle_expiry`]: ten years (of 365 days).
+pub const MAX_IDLE_EXPIRY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
 
 /// Configures and builds a [`LockClient`](crate::LockClient); made by
 /// [`LockClient::builder`](crate::LockClient::builder).
@@ -42,6 +48,7 @@ pub(crate) struct Config {
     pub(crate) connection_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) replica_acks: Option<ReplicaAcks>,
+    pub(crate) idle_expiry: Duration,
 }
 
 impl Builder {
@@ -55,6 +62,7 @@ impl Builder {
                 connection_timeout: Duration::from_secs(5),
                 response_timeout: Duration::from_secs(5),
                 replica_acks: None,
+                idle_expiry: DEFAULT_IDLE_EXPIRY,
             },
         }
     }
@@ -87,10 +95,12 @@ impl Builder {
         self
     }
 
-    /// How long a call may wait for a connection: to connect to Redis (retrying while it refuses
-    /// connections), or for a pooled connection to come free when all are in use. A call then
-    /// fails with [`Error::Connection`] or [`Error::PoolExhausted`]. Greater than zero, at most
-    /// [`MAX_TIMEOUT`]. Defaults to 5 s.
+    /// How long a call may wait for a connection: for one attempt to connect to Redis (and its
+    /// set-up: password, database), or for a pooled connection to come free when all are in use.
+    /// A call whose attempt fails reports it at once: [`Error::Connection`] (refused, timed out),
+    /// [`Error::Rejected`] (wrong credentials or database), or [`Error::PoolExhausted`]. Nothing
+    /// is retried until the timeout runs out. Greater than zero, at most [`MAX_TIMEOUT`].
+    /// Defaults to 5 s.
     pub fn connection_timeout(mut self, timeout: Duration) -> Builder {
         self.config.connection_timeout = timeout;
         self
@@ -116,6 +126,39 @@ impl Builder {
         self
     }
 
+    /// How long Redis keeps a key's bookkeeping once nobody locks the key: its fence counter
+    /// expires this long after the Redis server's clock, read in microseconds, passes the last
+    /// token granted, which is this long after the last grant unless the counter ran ahead of
+    /// the clock. Every grant re-arms it. (The lock key lives for its lease, and a key's queue
+    /// of waiters as long as its longest-lived entry.)
+    ///
+    /// Tokens keep increasing across the expiry: the first grant after it takes its token from
+    /// the server clock (the clock floor), which is then past every earlier token, provided the
+    /// Redis server's wall clock never steps back by more than `idle` (see "How long the fence
+    /// counter lives" in `docs/design.md`). A longer expiry tolerates a larger step back of the
+    /// clock, and keeps more keys: about 170 bytes of Redis memory for each key locked within
+    /// that time, with short key names (`docs/benchmarks.md`, run J).
+    ///
+    /// Whole milliseconds from [`MIN_IDLE_EXPIRY`] (1 s) to [`MAX_IDLE_EXPIRY`] (ten years); a
+    /// fraction of a millisecond is rejected. Defaults to 24 h.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use fencelock::LockClient;
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// // Request ids as lock keys: forget each one a week after its last use.
+    /// let client = LockClient::builder("redis://127.0.0.1:6379/")
+    ///     .idle_expiry(Duration::from_secs(7 * 24 * 60 * 60))
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn idle_expiry(mut self, idle: Duration) -> Builder {
+        self.config.idle_expiry = idle;
+        self
+    }
+
     /// The URL and the settings, for [`build`](Builder::build).
     pub(crate) fn into_parts(self) -> (String, Config) {
         (self.url, self.config)
@@ -136,6 +179,7 @@ impl Config {
     pub(crate) fn validate(&self) -> Result<()> {
         validate_namespace(&self.namespace)?;
         validate_lease(self.lease)?;
+        validate_idle_expiry(self.idle_expiry)?;
         validate_connections(
             self.pool_size,
             self.connection_timeout,
@@ -176,6 +220,22 @@ pub(crate) fn validate_connections(
     }
     validate_timeout("connection timeout", connection_timeout)?;
     validate_timeout("response timeout", response_timeout)
+}
+
+fn validate_idle_expiry(idle: Duration) -> Result<()> {
+    if idle < MIN_IDLE_EXPIRY || idle > MAX_IDLE_EXPIRY {
+        return Err(Error::invalid(
+            "idle expiry",
+            format!("is {idle:?}, allowed are {MIN_IDLE_EXPIRY:?} to {MAX_IDLE_EXPIRY:?}"),
+        ));
+    }
+    if !idle.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(Error::invalid(
+            "idle expiry",
+            format!("is {idle:?}; Redis expiries are whole milliseconds"),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_timeout(what: &'static str, timeout: Duration) -> Result<()> {

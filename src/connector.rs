@@ -64,9 +64,21 @@ impl Connector {
     ) -> redis::RedisResult<redis::Connection> {
         match (&self.shape, node) {
             (Shape::Single(client), _) => {
-                let con = client.get_connection_with_timeout(connect_timeout)?;
+                let mut con = client.get_connection_with_timeout(connect_timeout)?;
                 con.set_read_timeout(Some(response_timeout))?;
                 con.set_write_timeout(Some(response_timeout))?;
+                if client
+                    .get_connection_info()
+                    .redis_settings()
+                    .password()
+                    .is_none()
+                {
+                    // Without a password nothing in the set-up asks the server, and a server that
+                    // wants one would refuse the first command (NOAUTH) or, for a script with
+                    // many arguments, close the connection with a protocol error. Asking now
+                    // makes it a rejected set-up, which retrying cannot fix.
+                    redis::cmd("PING").query::<()>(&mut con)?;
+                }
                 Ok(con)
             }
         }
@@ -98,11 +110,156 @@ impl Connector {
 /// and then a pipeline that spans several TCP segments (a renewal batch) can wait for a delayed
 /// ACK: batches of a few hundred extends took 100-400 ms on loopback, long enough to lose leases.
 fn client(url: &str) -> Result<redis::Client> {
-    let invalid = |e: redis::RedisError| Error::invalid("url", format!("{e}"));
+    check_url(url)?;
+    let invalid = |e: redis::RedisError| {
+        Error::invalid(
+            "url",
+            format!(
+                "{url_shown} does not parse ({e}); {FORMS}",
+                url_shown = shown(url)
+            ),
+        )
+    };
     let info = redis::Client::open(url)
         .map_err(invalid)?
         .get_connection_info()
         .clone();
     let tcp = info.tcp_settings().clone().set_nodelay(true);
     redis::Client::open(info.set_tcp_settings(tcp)).map_err(invalid)
+}
+
+/// The URL forms a client accepts, for error messages.
+const FORMS: &str = "expected redis://[[user]:password@]host[:port][/db], \
+                     redis+unix:///path/to/socket[?db=N] or unix:///path/to/socket";
+
+/// Says what is wrong with a URL that is not of a form we accept, before redis-rs' parser does
+/// (it says only that the URL did not parse).
+fn check_url(url: &str) -> Result<()> {
+    let wrong = |what: String| Err(Error::invalid("url", format!("{what}; {FORMS}")));
+    if url.trim().is_empty() {
+        return wrong("the URL is empty".into());
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return wrong(format!(
+            "{} has no scheme (for a host and port, write redis://{})",
+            shown(url),
+            shown(url)
+        ));
+    };
+    match scheme {
+        "redis" => {}
+        "redis+unix" | "unix" => return Ok(()),
+        "rediss" => return wrong("TLS (rediss://) is not supported yet".into()),
+        "redis+sentinel" | "redis+cluster" => {
+            return wrong(format!(
+                "{scheme}:// is not supported yet: one server per client"
+            ))
+        }
+        other => return wrong(format!("the scheme {other}:// is not a Redis scheme")),
+    }
+    // The authority: what comes before the path, after any user info.
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host_port.contains(',') {
+        return wrong(format!(
+            "{} names several hosts; a client talks to one server",
+            shown(url)
+        ));
+    }
+    if host_port.is_empty() {
+        return wrong(format!("{} has no host", shown(url)));
+    }
+    // A port after the last colon, unless the colon is inside an IPv6 address's brackets.
+    if let Some((_, port)) = host_port.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+        if port.parse::<u16>().is_err() {
+            return wrong(format!("the port {port:?} is not a number from 0 to 65535"));
+        }
+    }
+    let path = rest[authority.len()..]
+        .split(['?', '#'])
+        .next()
+        .unwrap_or("");
+    let db = path.trim_start_matches('/');
+    if !db.is_empty() && db.parse::<i64>().is_err() {
+        return wrong(format!("the database {db:?} is not a number"));
+    }
+    Ok(())
+}
+
+/// A URL as it may appear in a message: without its password.
+fn shown(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest
+            .split(['/', '?', '#'])
+            .next()
+            .and_then(|a| a.rsplit_once('@'))
+        {
+            Some((user_info, _)) => {
+                let user = user_info.split(':').next().unwrap_or("");
+                let host = &rest[user_info.len() + 1..];
+                format!("{scheme}://{user}:***@{host}")
+            }
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(url: &str) -> String {
+        match client(url) {
+            Err(Error::InvalidArgument {
+                what: "url",
+                reason,
+            }) => reason,
+            Err(other) => panic!("{url:?}: {other}"),
+            Ok(_) => panic!("{url:?} was accepted"),
+        }
+    }
+
+    #[test]
+    fn says_what_is_wrong_with_a_url() {
+        for (url, says) in [
+            ("", "empty"),
+            ("   ", "empty"),
+            ("localhost:6379", "write redis://localhost:6379"),
+            ("http://localhost/", "not a Redis scheme"),
+            ("rediss://localhost/", "TLS"),
+            ("redis://a:6379,b:6379/", "several hosts"),
+            ("redis+sentinel://a:26379/mymaster", "not supported yet"),
+            ("redis://localhost:99999/", "port \"99999\""),
+            ("redis://localhost:63x9/", "port"),
+            ("redis://localhost/orders", "database \"orders\""),
+            ("redis://", "no host"),
+        ] {
+            let reason = reason(url);
+            assert!(reason.contains(says), "{url:?}: {reason}");
+            assert!(reason.contains("expected redis://"), "{url:?}: {reason}");
+        }
+    }
+
+    #[test]
+    fn accepts_the_documented_forms() {
+        for url in [
+            "redis://127.0.0.1:6379/",
+            "redis://127.0.0.1",
+            "redis://:secret@127.0.0.1:6379/2",
+            "redis://user:secret@localhost:6379/0",
+            "redis://[::1]:6379/",
+            "redis+unix:///tmp/redis.sock",
+            "unix:///tmp/redis.sock?db=1",
+        ] {
+            assert!(client(url).is_ok(), "{url:?}: {:?}", client(url).err());
+        }
+    }
+
+    #[test]
+    fn keeps_passwords_out_of_messages() {
+        let reason = reason("redis://user:hunter2@a:1,b:2/");
+        assert!(!reason.contains("hunter2"), "{reason}");
+        assert!(reason.contains("user:***@a:1,b:2"), "{reason}");
+    }
 }

@@ -49,15 +49,24 @@ pub enum Error {
     },
 
     /// Redis could not be reached, or the connection broke before a reply came.
-    #[error("redis connection failed")]
+    ///
+    /// Calls fail with it at once rather than retrying until a timeout: a lock call makes one
+    /// connection attempt, bounded by the connection timeout.
+    #[error("redis connection failed: {0}")]
     Connection(#[source] BoxError),
+
+    /// Redis refused the connection's set-up: a wrong user or password, a password for a server
+    /// that has none, a database number out of range, or a command the client needs that an
+    /// ACL forbids. Retrying cannot fix it; the URL or the server's configuration must change.
+    #[error("redis rejected the connection: {0} (retrying will not help: check the URL's credentials and database)")]
+    Rejected(#[source] BoxError),
 
     /// A command got no reply within the response timeout.
     ///
     /// The command may still have run. fencelock cleans up after an acquire that timed out
     /// (it deletes the lock if the lost reply had granted it); for a release, the lease bounds
     /// how long the lock can stay held.
-    #[error("redis did not reply within the response timeout; the command may still have run")]
+    #[error("redis did not reply in time ({0}); the command may still have run")]
     Timeout(#[source] BoxError),
 
     /// A fenced write carried a token lower than one the resource already accepted: the writer's
@@ -72,7 +81,10 @@ pub enum Error {
         highest: crate::FencingToken,
     },
 
-    /// The thread already holds this key through a non-reentrant guard: waiting would deadlock.
+    /// A plain lock call asked for a key this thread holds through a
+    /// [`ReentrantGuard`](crate::ReentrantGuard) of the same client: waiting would never end.
+    /// (Nest with [`reentrant_lock`](crate::LockClient::reentrant_lock). A key held through a
+    /// plain guard, which may have moved to another thread, is waited for instead.)
     #[error("this thread already holds {key:?}; waiting for it would never end")]
     WouldDeadlock {
         /// The user key.
@@ -97,7 +109,7 @@ pub enum Error {
 
     /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
     /// LOADING, a wrong type at a lock key, ...
-    #[error("redis replied with an error")]
+    #[error("redis replied with an error: {0}")]
     Redis(#[source] BoxError),
 }
 
@@ -117,6 +129,12 @@ impl Error {
         matches!(self, Error::Connection(_) | Error::Timeout(_))
     }
 
+    /// Redis refused the connection's set-up (credentials, database, ACL): see
+    /// [`Error::Rejected`]. Unlike [`is_connection`](Error::is_connection), not worth retrying.
+    pub fn is_rejected(&self) -> bool {
+        matches!(self, Error::Rejected(_))
+    }
+
     /// The pool had no free connection within the connection timeout.
     pub fn is_pool_exhausted(&self) -> bool {
         matches!(self, Error::PoolExhausted { .. })
@@ -127,7 +145,7 @@ impl Error {
         matches!(self, Error::StaleToken { .. })
     }
 
-    /// The thread tried to lock a key it already holds through a non-reentrant guard.
+    /// A plain lock call asked for a key this thread holds through a reentrant guard.
     pub fn is_would_deadlock(&self) -> bool {
         matches!(self, Error::WouldDeadlock { .. })
     }
@@ -152,7 +170,7 @@ impl Error {
     /// loading its data), `"NOREPLICAS"` (`min-replicas-to-write` unmet) or `"NOPERM"` (ACL).
     pub fn redis_code(&self) -> Option<&str> {
         match self {
-            Error::Redis(e) => e.downcast_ref::<redis::RedisError>()?.code(),
+            Error::Redis(e) | Error::Rejected(e) => e.downcast_ref::<redis::RedisError>()?.code(),
             _ => None,
         }
     }
@@ -169,11 +187,33 @@ impl Error {
         }
     }
 
+    /// A failed connection attempt: refused or timed out (an outage, worth retrying later), or
+    /// rejected by the server during the set-up (a configuration error, not worth it).
+    pub(crate) fn from_connect(e: redis::RedisError) -> Error {
+        let transient = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.code(),
+                Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+            );
+        if transient {
+            Error::from_redis(e)
+        } else {
+            Error::Rejected(Box::new(e))
+        }
+    }
+
     pub(crate) fn from_redis(e: redis::RedisError) -> Error {
         if e.is_timeout() {
             Error::Timeout(Box::new(e))
         } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             Error::Connection(Box::new(e))
+        } else if e.code() == Some("NOAUTH") {
+            // A URL without the password the server asks for: the set-up succeeded, every
+            // command fails.
+            Error::Rejected(Box::new(e))
         } else {
             Error::Redis(Box::new(e))
         }

@@ -183,7 +183,9 @@ impl FencedRedis {
     }
 
     /// The value of `resource`, or `None` if it was never set or was deleted. Reads need no
-    /// token: what is stored was written by the newest holder that wrote.
+    /// token: what is stored was written by the newest holder that wrote. For a counter kept
+    /// with [`incr_by`](FencedRedis::incr_by), [`get_i64`](FencedRedis::get_i64) returns the
+    /// number.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
@@ -198,6 +200,28 @@ impl FencedRedis {
     /// [`Error::InvalidArgument`] for a bad resource name, as for [`set`](FencedRedis::set);
     /// connection errors, timeouts, and [`Error::Redis`] if the value is not a string.
     pub fn get(&self, resource: &str) -> Result<Option<Vec<u8>>> {
+        let keys = ResourceKeys::new(&self.namespace, resource)?;
+        self.pool
+            .run(|con, _retry| redis::cmd("GET").arg(&keys.data).query(con))
+    }
+
+    /// The value of `resource` as an integer, as [`incr_by`](FencedRedis::incr_by) keeps it;
+    /// `None` if it was never set or was deleted (which `incr_by` counts as 0). Reads need no
+    /// token.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// # let store = fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?;
+    /// let in_stock = store.get_i64("stock:sku-7")?.unwrap_or(0);
+    /// # let _ = in_stock;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if the value is not the decimal text of a 64-bit signed integer (a
+    /// [`set`](FencedRedis::set) can store anything); otherwise as for
+    /// [`get`](FencedRedis::get).
+    pub fn get_i64(&self, resource: &str) -> Result<Option<i64>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
         self.pool
             .run(|con, _retry| redis::cmd("GET").arg(&keys.data).query(con))

@@ -14,9 +14,11 @@ use crate::token::FencingToken;
 /// how that went.
 ///
 /// The guard owns what it needs (a share of its client's state), so it has no lifetime and can
-/// be moved to another thread or stored. While it lives, the client's renewal thread keeps its lease
-/// alive; if the lease is lost anyway, [`is_held`](LockGuard::is_held) turns false and
-/// [`lost`](LockGuard::lost) fires.
+/// be moved to another thread or stored; it belongs to no thread, so the thread that took it can
+/// lock the key again once the guard's new owner releases it (see
+/// [`LockClient::lock`](crate::LockClient::lock)). While it lives, the client's renewal thread
+/// keeps its lease alive; if the lease is lost anyway, [`is_held`](LockGuard::is_held) turns
+/// false and [`lost`](LockGuard::lost) fires.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), fencelock::Error> {
@@ -117,7 +119,11 @@ impl LockGuard {
         self.locks.extend(&self.grant, lease)
     }
 
-    /// Releases the lock now.
+    /// Releases the lock now, and waits for Redis to confirm it.
+    ///
+    /// Renewal stops at once. The release is one round trip: at most one connection attempt
+    /// (the connection timeout) and one response timeout, and once more on a new connection if
+    /// a pooled one turns out to predate a Redis restart.
     ///
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if the key was no longer ours (its lease ran
@@ -130,12 +136,21 @@ impl LockGuard {
 }
 
 /// Releases the lock, best effort: failures are logged at warn and the lock then expires with its
-/// lease. The release is a round trip, so while Redis is unreachable a drop blocks for up to about
-/// twice the connection timeout plus the response timeout; call [`unlock`](LockGuard::unlock) to
-/// see the outcome instead.
+/// lease.
+///
+/// The release is one round trip, made by the dropping thread so that a waiter gets the lock
+/// without a detour. While Redis is unreachable (the client's last connection attempt or command
+/// failed to reach it, and none has succeeded since) the drop does not wait: renewal stops at
+/// once, and the release is left to a background thread. So a drop waits at most for one
+/// round trip to a Redis that answered last time: the response timeout if it stops answering
+/// just then. Call [`unlock`](LockGuard::unlock) to wait for the outcome instead.
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.released {
+            return;
+        }
+        if self.locks.pool.unreachable() {
+            self.locks.release_later(Arc::clone(&self.grant));
             return;
         }
         // Failures are logged by release(); a guard dropped during a panic must not panic again.

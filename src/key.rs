@@ -1,6 +1,10 @@
 //! How a user's key becomes Redis keys: validation, escaping and the Cluster hash tag.
 
+use std::time::Duration;
+
+use crate::config::DEFAULT_IDLE_EXPIRY;
 use crate::error::{Error, Result};
+use crate::scripts::millis;
 
 /// Longest user key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -8,7 +12,8 @@ pub const MAX_KEY_LEN: usize = 512;
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
 
-/// The Redis names derived from one user key, in one allocation: a lock call makes one of these.
+/// The Redis names derived from one user key, in one allocation, and how long its fence counter
+/// may sit idle: a lock call makes one of these, and every script call it makes takes it whole.
 ///
 /// The tag is the user key with `%`, `{` and `}` percent-escaped. The escaping is injective (two
 /// user keys never share a tag) and leaves no `}` inside the braces, so `{tag}` is always a
@@ -20,6 +25,10 @@ pub(crate) struct LockKeys {
     names: String,
     /// Where each of them ends in `names`.
     ends: [usize; 7],
+    /// The client's idle expiry in ms (`Builder::idle_expiry`; the default until
+    /// [`set_idle_expiry`](LockKeys::set_idle_expiry)): the scripts that grant arm the fence
+    /// counter's TTL with it. Carried here because every such call already takes the keys.
+    idle_ms: u64,
 }
 
 impl LockKeys {
@@ -47,7 +56,11 @@ impl LockKeys {
             ends[i + 2] = names.len();
         }
         ends[6] = names.len();
-        Ok(LockKeys { names, ends })
+        Ok(LockKeys {
+            names,
+            ends,
+            idle_ms: millis(DEFAULT_IDLE_EXPIRY),
+        })
     }
 
     /// Names the owner of this lock call: `<prefix><n>`.
@@ -58,6 +71,11 @@ impl LockKeys {
         // Writing to a String cannot fail.
         let _ = write!(self.names, "{n}");
         self.ends[6] = self.names.len();
+    }
+
+    /// Sets the client's idle expiry (validated by `Builder::build`), for the scripts that grant.
+    pub(crate) fn set_idle_expiry(&mut self, idle: Duration) {
+        self.idle_ms = millis(idle);
     }
 
     /// The owner id stored at the lock key while this lock call holds it: fresh for every lock
@@ -86,9 +104,16 @@ impl LockKeys {
         self.part(2)
     }
 
-    /// `<namespace>:fence:{<tag>}`: the fencing counter; never expires.
+    /// `<namespace>:fence:{<tag>}`: the fencing counter; expires [`idle_ms`](LockKeys::idle_ms)
+    /// after the server clock passes its value in microseconds.
     pub(crate) fn fence(&self) -> &str {
         self.part(3)
+    }
+
+    /// How long, in ms, the fence counter outlives the server clock's passing it; the acquire
+    /// and release scripts take it as an argument and re-arm the counter's TTL on every grant.
+    pub(crate) fn idle_ms(&self) -> u64 {
+        self.idle_ms
     }
 
     /// KEYS of the acquire and release scripts, in order: the lock key, the fence key, then
@@ -198,6 +223,9 @@ mod tests {
         assert_eq!(k.owner(), "c0ffee:42");
         k.set_owner("c0ffee:", 7);
         assert_eq!(k.owner(), "c0ffee:7");
+        assert_eq!(k.idle_ms(), 24 * 60 * 60 * 1000);
+        k.set_idle_expiry(Duration::from_secs(60));
+        assert_eq!(k.idle_ms(), 60_000);
         assert_eq!(k.user(), "a{b}%");
         assert_eq!(k.tag(), "a%7Bb%7D%25");
         assert_eq!(k.lock(), "ns:lock:{a%7Bb%7D%25}");

@@ -9,7 +9,7 @@
 //! - a blocking API: [`LockClient::lock`] waits, [`LockClient::try_lock`] waits at most a
 //!   timeout, and both return an RAII [`LockGuard`];
 //! - waiting without polling: a release hands the lock straight to the next waiter, in the same
-//!   script call, in arrival order;
+//!   script call; waiting clients take turns;
 //! - a background renewal thread that keeps every held lease alive and tells the holder at
 //!   once when a lease was lost anyway.
 //!
@@ -34,16 +34,90 @@
 //! }
 //! ```
 //!
+//! # Waiting at most so long
+//!
+//! [`LockClient::try_lock`] gives up after a timeout with `Ok(None)`; `Duration::ZERO` makes
+//! exactly one attempt and never queues.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! use std::time::Duration;
+//!
+//! let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+//! match client.try_lock("report:daily", Duration::from_millis(500))? {
+//!     Some(guard) => {
+//!         // ... build the report, passing guard.token() to the storage ...
+//!         guard.unlock()?;
+//!     }
+//!     None => println!("another worker has the daily report"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! # Fencing tokens
 //!
 //! The acquire script sets the lock key and runs `INCR` on the key's fence counter in one atomic
 //! step, so the token of a grant is larger than that of every earlier grant of the same key, in
-//! any process. The counter outlives the lock; `docs/design.md` explains the key layout and the
+//! any process. The counter outlives the lock, and expires once nobody has locked the key for
+//! [`Builder::idle_expiry`] (24 h by default): the next grant takes its token from the Redis
+//! server's clock, which has passed the counter by then, so a key nobody uses leaves nothing in
+//! Redis. [design.md] explains the key layout, the clock assumption of that expiry and the
 //! persistence Redis needs for tokens to survive a restart.
 //!
-//! A token protects only storage that checks it. [`FencedRedis`] is such a store on Redis: its
-//! writes carry a token and are refused with [`Error::StaleToken`] once a higher one was accepted.
-//! `docs/fencing.md` shows the same pattern for SQL, object stores and compare-and-set.
+//! A token protects only storage that checks it: storage that remembers the highest token it
+//! applied per resource, and refuses a lower one in the same atomic step as the write.
+//! [fencing.md] says why, and how for SQL, Redis, object stores and compare-and-set.
+//!
+//! ## Fenced storage on Redis
+//!
+//! [`FencedRedis`] is such a store: its writes carry a token and are refused with
+//! [`Error::StaleToken`] once a higher one was accepted. `FencedRedis::from(&client)` shares the
+//! client's connections and namespace.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! use fencelock::{FencedRedis, LockClient};
+//!
+//! let client = LockClient::new("redis://127.0.0.1:6379/")?;
+//! let store = FencedRedis::from(&client);
+//!
+//! let guard = client.lock("invoice:7")?;
+//! match store.set("invoice:7", guard.token(), "paid") {
+//!     Ok(()) => {}
+//!     // A newer holder has written since this grant: drop the work.
+//!     Err(e) if e.is_stale_token() => return Ok(()),
+//!     Err(e) => return Err(e),
+//! }
+//! store.incr_by("invoices:paid", guard.token(), 1)?;
+//! let paid = store.get_i64("invoices:paid")?.unwrap_or(0);
+//! # let _ = paid;
+//! guard.unlock()
+//! # }
+//! ```
+//!
+//! ## Fencing in SQL
+//!
+//! Give the table a `fence bigint` column and put the token into the `UPDATE`'s condition; zero
+//! rows means a newer holder wrote (or the row is missing). [`FencingToken::as_i64`] gives the
+//! token as a `bigint`; every granted token fits. With the `postgres` crate:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+//! # let mut db = postgres::Client::connect("postgres://localhost/app", postgres::NoTls)?;
+//! // CREATE TABLE documents (id text PRIMARY KEY, body text NOT NULL,
+//! //                         fence bigint NOT NULL DEFAULT 0);
+//! let guard = client.lock("documents:report")?;
+//! let rows = db.execute(
+//!     "UPDATE documents SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2",
+//!     &[&"final", &guard.token().as_i64()?, &"report"],
+//! )?;
+//! if rows == 0 {
+//!     println!("a newer holder wrote the report (or there is no such row)");
+//! }
+//! guard.unlock()?;
+//! # Ok(()) }
+//! ```
 //!
 //! # Renewal and loss
 //!
@@ -67,28 +141,63 @@
 //! # }
 //! ```
 //!
-//! # Options, reentrancy and closures
+//! # Options, closures and reentrancy
 //!
 //! [`LockClient::lock_with`] takes [`LockOptions`]: a lease of its own, renewal off, a maximum
-//! hold time, or a cancel channel. [`LockClient::with_lock`] runs a closure under a lock and
-//! releases it on return or panic. [`LockClient::reentrant_lock`] nests on one thread, sharing
-//! one grant and token; a plain [`LockClient::lock`] of a key the thread already holds returns
-//! [`Error::WouldDeadlock`] instead of waiting for itself.
+//! hold time, or a cancel channel.
+//!
+//! [`LockClient::with_lock`] runs a closure under a lock and releases it on return, error or
+//! panic. The closure returns a `Result` in your own error type, and fencelock's errors convert
+//! into it (`E: From<fencelock::Error>`), as with diesel's `transaction`: `?` works inside the
+//! closure and on the call. [`LockClient::try_with_lock`] waits at most a timeout, and
+//! [`LockClient::with_lock_with`] and [`LockClient::try_with_lock_with`] take options.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {
 //! use std::time::Duration;
-//! use fencelock::{LockClient, LockOptions};
+//! use fencelock::{FencedRedis, LockClient, LockOptions};
 //!
 //! let client = LockClient::new("redis://127.0.0.1:6379/")?;
-//! let guard = client.lock_with(
-//!     "report",
-//!     &LockOptions::new().lease(Duration::from_secs(5)).max_hold(Duration::from_secs(600)),
-//! )?;
-//! guard.extend(Duration::from_secs(20))?; // before a step that may stall
-//! guard.unlock()?;
+//! let store = FencedRedis::from(&client);
+//! let options = LockOptions::new().lease(Duration::from_secs(5));
+//! let left = client.with_lock_with("stock:7", &options, |guard| {
+//!     store.incr_by("stock:7", guard.token(), -1)
+//! })?;
+//! # let _ = left;
 //! # Ok(()) }
 //! ```
+//!
+//! [`LockClient::reentrant_lock`] (or [`LockClient::try_reentrant_lock`], with a timeout) nests
+//! on one thread, sharing one grant and token; a plain [`LockClient::lock`] of a key the thread
+//! holds that way returns [`Error::WouldDeadlock`].
+//!
+//! # Guards that move between threads
+//!
+//! A [`LockGuard`] is `Send` and belongs to no thread: a thread pool can hand it from worker to
+//! worker, and any thread may release it. So which thread holds a plain guard is not tracked,
+//! and a thread that locks a key whose plain guard it holds itself waits like any other waiter,
+//! as with `std::sync::Mutex`: bound such waits with `try_lock` or a cancel channel, and nest
+//! with `reentrant_lock`. [`LockClient::lock`] explains the choice.
+//!
+//! # Logging
+//!
+//! fencelock logs through the [`log`](https://docs.rs/log) facade, so install any logger
+//! (`env_logger`, `tracing`'s `log` bridge, ...) to see it. Every record's target starts with
+//! `fencelock` (`fencelock::release`, `fencelock::renewal`, ...: filter on the prefix, as in
+//! `RUST_LOG=fencelock=debug`, since the parts after it name internal modules) and its message
+//! with `fencelock: `. Two levels are used:
+//!
+//! - **warn**: a lock lost while held (renewal found the key gone or another's, the local
+//!   deadline passed, the release found it no longer ours); a release, or a waiter's leaving of
+//!   the queue, that failed (the lock then expires with its lease); a handoff that could not be
+//!   given back, or that reached a waiter as it was dropped (it expires with its lease); a
+//!   client whose Redis user may not subscribe to its release channel (ACL).
+//! - **debug**: grants and releases (key and token), a handoff that came too late to use,
+//!   renewal rounds that failed and are retried, the release channel reconnecting, pooled
+//!   connections that could not be opened, release messages ignored.
+//!
+//! Nothing is logged at error, info or trace: failures a caller can see are returned to it as
+//! [`Error`], not logged. Owner ids never appear above debug.
 //!
 //! # Errors
 //!
@@ -101,9 +210,30 @@
 //! - Mutual exclusion of *actions*, on its own: a holder can pause right after checking
 //!   `is_held()`. Only storage that checks the fencing token closes that gap.
 //! - Safety across a Redis restart without persistence, or a failover that loses writes: the
-//!   lock key and the fence counter can be lost with them. See `docs/design.md`.
-//! - Fairness across processes: threads of one client are served in arrival order; between
-//!   clients, whoever asks first after a release wins.
+//!   lock key and the fence counter can be lost with them. See [design.md].
+//! - Strict first-come, first-served order across processes. Waiting clients queue in Redis and
+//!   a release hands the lock to the one that has waited longest (threads of one client queue
+//!   locally, in arrival order), so clients take turns; but a client may first pass a lock among
+//!   its own threads up to 8 times in a row, and a lock freed by a lease that ran out (a holder
+//!   that died) goes to whichever waiter looks first.
+//!
+//! fencelock talks to one Redis server: Sentinel, Cluster, a quorum of masters and TLS are not
+//! supported yet (the [README] lists them).
+//!
+//! # Further reading
+//!
+//! - [design.md]: threads, Redis key layout, the scripts' state tables, the safety argument
+//!   and its assumptions.
+//! - [fencing.md]: why leases alone fail, and fencing for SQL, Redis, object stores and any
+//!   compare-and-set store.
+//! - [reliability.md]: the faults the test suite injects, and the soak's figures.
+//! - [benchmarks.md]: how to run the benchmarks, and the results.
+//!
+//! [README]: https://github.com/fencelock/fencelock/blob/main/README.md
+//! [design.md]: https://github.com/fencelock/fencelock/blob/main/docs/design.md
+//! [fencing.md]: https://github.com/fencelock/fencelock/blob/main/docs/fencing.md
+//! [reliability.md]: https://github.com/fencelock/fencelock/blob/main/docs/reliability.md
+//! [benchmarks.md]: https://github.com/fencelock/fencelock/blob/main/docs/benchmarks.md
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
@@ -136,7 +266,7 @@ mod wait;
 mod wire;
 
 pub use crate::client::LockClient;
-pub use crate::config::{Builder, MAX_POOL_SIZE, MAX_TIMEOUT};
+pub use crate::config::{Builder, MAX_IDLE_EXPIRY, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_IDLE_EXPIRY};
 pub use crate::error::{Error, Result};
 pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;

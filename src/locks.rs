@@ -8,14 +8,18 @@
 //! - `release.rs`: release, handoff to the next waiter, explicit extend;
 //! - `renewal.rs`, `listener.rs`: the two threads that serve every grant of the client.
 //!
-//! Lock order: the holders map, the local queues (`wait.rs`), a grant's lease state and the
-//! renewal inbox are each taken alone, never one inside another, except that the local queues'
-//! lock is held while a waiter's `left` flag is read or set.
+//! Lock order: the local queues (`wait.rs`), a grant's lease state and the renewal inbox are each
+//! taken alone, never one inside another, except that the local queues' lock is held while a
+//! waiter's `left` flag is read or set.
+//!
+//! No map records which thread holds which key: a [`LockGuard`](crate::LockGuard) can move to
+//! another thread without telling anyone, so such a map would be wrong as soon as one did. The
+//! one exact same-thread check is `reentrant.rs`'s, for guards that cannot move.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, ThreadId};
+use std::sync::{Arc, OnceLock};
+
+use crossbeam_channel::Sender;
 
 use uuid::Uuid;
 
@@ -25,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::key::{release_channel, LockKeys};
 use crate::listener;
 use crate::pool::Pool;
+use crate::release::Later;
 use crate::renewal::{self, Renewal};
 use crate::wait::Waiters;
 
@@ -34,12 +39,13 @@ pub(crate) struct Locks {
     /// Every owner id of this client starts with this: a random id for the client, and `:`.
     pub(crate) owner_prefix: String,
     pub(crate) next_owner: AtomicU64,
-    /// Which grant, taken by which thread, holds each key this client holds: the deadlock check.
-    pub(crate) holders: Mutex<HashMap<String, (u64, ThreadId)>>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) renewal: Renewal,
     pub(crate) next_grant: AtomicU64,
+    /// The background thread for releases no caller waits for (`release.rs`), started at its
+    /// first use; `None` if it could not be started.
+    pub(crate) later: OnceLock<Option<Sender<Later>>>,
 }
 
 impl Locks {
@@ -80,24 +86,19 @@ impl Locks {
             waiters,
             renewal,
             next_grant: AtomicU64::new(0),
-            holders: Mutex::new(HashMap::new()),
+            later: OnceLock::new(),
         }))
+    }
+
+    /// Tells clients apart (clones share one `Locks`): its address, stable while any client or
+    /// guard of it lives.
+    pub(crate) fn identity(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// A fresh owner id for every lock call: never reused, and not derivable from the key.
     pub(crate) fn new_owner(&self, keys: &mut LockKeys) {
         let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
         keys.set_owner(&self.owner_prefix, n);
-    }
-
-    pub(crate) fn holders(&self) -> MutexGuard<'_, HashMap<String, (u64, ThreadId)>> {
-        self.holders.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the calling thread took `tag` through this client and still holds the guard.
-    pub(crate) fn held_by_this_thread(&self, tag: &str) -> bool {
-        self.holders()
-            .get(tag)
-            .is_some_and(|(_, thread)| *thread == thread::current().id())
     }
 }

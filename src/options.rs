@@ -62,8 +62,10 @@ impl LockOptions {
     /// Bounds how long renewal keeps this lock: once `max_hold` has passed since the grant,
     /// renewal stops, the lease runs out within one more lease, and the guard reports the lock
     /// lost through [`is_held`](crate::LockGuard::is_held) and [`lost`](crate::LockGuard::lost).
-    /// A hold that ends before is unaffected. This is a "maximum renewal count", as other lock
-    /// libraries offer, measured in time: `max_hold = lease / 3 × count`. Unbounded by default.
+    /// A hold that ends before is unaffected. Unbounded by default.
+    ///
+    /// Locks that limit renewals by count map onto this: renewal runs about every lease / 3, so
+    /// at most `n` renewals is `max_hold = n × lease / 3`.
     pub fn max_hold(mut self, max_hold: Duration) -> LockOptions {
         self.max_hold = Some(max_hold);
         self

@@ -1,13 +1,19 @@
-//! The r2d2 pool behind acquire and release.
+//! The connection pool behind acquire and release.
 //!
-//! redis' own r2d2 manager connects without a timeout and PINGs on every checkout. This one
-//! connects with the connection timeout, sets response timeouts, and checks out without a round
-//! trip: connections are numbered as they are made, and once any call sees the connection to
-//! Redis break (a restart, say), every connection made before that point is discarded at its
-//! next checkout, so one outage costs one failed command, not one per pooled connection.
+//! A lock call connects in its own thread, once, within the connection timeout, and hears why a
+//! connection failed at once: refused, timed out, or rejected by the server (a wrong password,
+//! a database that does not exist). A general-purpose pool such as r2d2 connects on a thread of
+//! its own, retries failures in the background, and reports them only as text after the whole
+//! connection timeout, so a `try_lock` of 100 ms took the connection timeout twice with Redis
+//! down, and a wrong password looked like an outage.
+//!
+//! Checkout costs no round trip: connections are numbered as they are made, and once any call
+//! sees the connection to Redis break (a restart, say), every connection made before that point
+//! is discarded at its next checkout, so one outage costs one failed command, not one per pooled
+//! connection.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisError, Value};
@@ -31,79 +37,68 @@ pub(crate) enum Run {
     Retry,
 }
 
+/// A connection of the pool, borrowed by [`Pool::get`] and given back by [`Pool::put`]. One
+/// dropped instead (an error path that returned early, say) closes, and frees its place.
 pub(crate) struct Conn {
     pub(crate) con: redis::Connection,
     generation: u64,
     /// A command on it timed out: the connection may be half-open, or out of step with replies
     /// that will never come. Discarded when it goes back to the pool.
     timed_out: bool,
+    /// Where its place is counted; empty once it no longer counts.
+    shelf: Weak<Shelf>,
 }
 
-#[derive(Default)]
-struct Generations {
-    made: AtomicU64,
-    stale_below: AtomicU64,
-}
-
-pub(crate) struct Manager {
-    connector: Arc<Connector>,
-    node: Node,
-    connection_timeout: Duration,
-    response_timeout: Duration,
-    generations: Arc<Generations>,
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Conn;
-    type Error = redis::RedisError;
-
-    fn connect(&self) -> redis::RedisResult<Conn> {
-        let con =
-            self.connector
-                .connect(self.node, self.connection_timeout, self.response_timeout)?;
-        let generation = self.generations.made.fetch_add(1, Ordering::Relaxed);
-        Ok(Conn {
-            con,
-            generation,
-            timed_out: false,
-        })
-    }
-
-    fn is_valid(&self, conn: &mut Conn) -> redis::RedisResult<()> {
-        if conn.generation < self.generations.stale_below.load(Ordering::Relaxed) {
-            return Err(redis::RedisError::from(std::io::Error::from(
-                std::io::ErrorKind::NotConnected,
-            )));
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(shelf) = self.shelf.upgrade() {
+            let mut slots = shelf.slots();
+            slots.open = slots.open.saturating_sub(1);
+            drop(slots);
+            shelf.returned.notify_one();
         }
-        Ok(())
-    }
-
-    fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.timed_out
-            || !conn.con.is_open()
-            || conn.generation < self.generations.stale_below.load(Ordering::Relaxed)
-    }
-}
-
-/// Logs the pool's background connection failures at debug: callers get them as errors already.
-#[derive(Debug)]
-struct DebugLog;
-
-impl r2d2::HandleError<redis::RedisError> for DebugLog {
-    fn handle_error(&self, error: redis::RedisError) {
-        log::debug!("fencelock: could not open a pooled redis connection: {error}");
     }
 }
 
 /// The connections to one node: a lock call borrows one, and unlocks of concurrent threads go
 /// out together on one.
 pub(crate) struct Pool {
-    pool: r2d2::Pool<Manager>,
     connector: Arc<Connector>,
     node: Node,
-    generations: Arc<Generations>,
+    size: u32,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    shelf: Arc<Shelf>,
+    /// Every connection numbered below this predates a break: discarded at its next checkout.
+    made: AtomicU64,
+    stale_below: AtomicU64,
+    /// The last connection attempt or command failed to reach Redis, and nothing has succeeded
+    /// since: see [`Pool::unreachable`].
+    unreachable: AtomicBool,
     /// Calls waiting to go out together (see [`Pool::combined`]).
     combining: Combiner<Vec<u8>, Combined>,
+}
+
+/// The idle connections, and how many there are in all.
+#[derive(Default)]
+struct Shelf {
+    slots: Mutex<Slots>,
+    /// Signalled when a connection comes back, or a place frees up.
+    returned: Condvar,
+}
+
+#[derive(Default)]
+struct Slots {
+    idle: Vec<Conn>,
+    /// Connections in existence or being made: idle, borrowed, or connecting.
+    open: u32,
+}
+
+impl Shelf {
+    /// Never held while a counted [`Conn`] is dropped: its drop takes this lock.
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// How a combined call ended.
@@ -125,44 +120,138 @@ impl Pool {
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> Pool {
-        let generations = Arc::new(Generations::default());
-        let manager = Manager {
-            connector: Arc::clone(&connector),
-            node,
-            connection_timeout,
-            response_timeout,
-            generations: Arc::clone(&generations),
-        };
-        let pool = r2d2::Pool::builder()
-            .max_size(size)
-            .min_idle(Some(0))
-            .test_on_check_out(true)
-            .connection_timeout(connection_timeout)
-            .error_handler(Box::new(DebugLog))
-            .build_unchecked(manager);
         Pool {
-            pool,
             connector,
             node,
-            generations,
+            size,
+            connection_timeout,
+            response_timeout,
+            shelf: Arc::default(),
+            made: AtomicU64::new(0),
+            stale_below: AtomicU64::new(0),
+            unreachable: AtomicBool::new(false),
             combining: Combiner::default(),
         }
     }
 
-    fn get(&self) -> Result<r2d2::PooledConnection<Manager>> {
+    /// An idle connection, or a new one made within the connection timeout, or, with every
+    /// connection in use, the first one given back within the connection timeout. A failed
+    /// connection attempt is reported at once, with its cause: never retried here.
+    fn get(&self) -> Result<Conn> {
         let started = Instant::now();
-        self.pool.get().map_err(|e| {
-            let state = self.pool.state();
-            let size = self.pool.max_size();
-            if state.connections >= size && state.idle_connections == 0 {
-                Error::PoolExhausted {
-                    size,
-                    waited: started.elapsed(),
+        let mut slots = self.shelf.slots();
+        // Popped stale connections, dropped once the lock is released (their drop takes it).
+        let mut stale = Vec::new();
+        loop {
+            while let Some(mut conn) = slots.idle.pop() {
+                if self.is_stale(&conn) {
+                    slots.open = slots.open.saturating_sub(1);
+                    conn.shelf = Weak::new();
+                    stale.push(conn);
+                    continue;
                 }
-            } else {
-                Error::Connection(Box::new(e))
+                return Ok(conn);
             }
-        })
+            if slots.open < self.size {
+                slots.open += 1;
+                drop(slots);
+                drop(stale);
+                return self.connect();
+            }
+            let waited = started.elapsed();
+            let Some(left) = self
+                .connection_timeout
+                .checked_sub(waited)
+                .filter(|l| !l.is_zero())
+            else {
+                return Err(Error::PoolExhausted {
+                    size: self.size,
+                    waited,
+                });
+            };
+            slots = self
+                .shelf
+                .returned
+                .wait_timeout(slots, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Gives a connection back: kept for the next call, or closed if it broke.
+    fn put(&self, conn: Conn) {
+        let broken = conn.timed_out || !conn.con.is_open() || self.is_stale(&conn);
+        if broken {
+            drop(conn);
+            return;
+        }
+        self.shelf.slots().idle.push(conn);
+        self.shelf.returned.notify_one();
+    }
+
+    /// Makes a connection for a place already counted in `open`.
+    fn connect(&self) -> Result<Conn> {
+        let generation = self.made.fetch_add(1, Ordering::Relaxed);
+        match self.connect_aside() {
+            Ok(con) => Ok(Conn {
+                con,
+                generation,
+                timed_out: false,
+                shelf: Arc::downgrade(&self.shelf),
+            }),
+            Err(e) => {
+                let mut slots = self.shelf.slots();
+                slots.open = slots.open.saturating_sub(1);
+                drop(slots);
+                self.shelf.returned.notify_one();
+                self.unreachable.store(true, Ordering::Relaxed);
+                Err(Error::from_connect(e))
+            }
+        }
+    }
+
+    /// A new connection, made on a thread of its own while this one waits for it, at most the
+    /// connection timeout. A signal that interrupts the handshake's reads (EINTR, see `wire`)
+    /// can leave redis-rs waiting for a reply it already consumed until the timeout runs out;
+    /// the caller's thread is the one a program's signals target (a profiler, a timer), the
+    /// connecting thread is not.
+    fn connect_aside(&self) -> redis::RedisResult<redis::Connection> {
+        let (made, connection) = crossbeam_channel::bounded(1);
+        let connector = Arc::clone(&self.connector);
+        let (node, connection_timeout, response_timeout) =
+            (self.node, self.connection_timeout, self.response_timeout);
+        let spawned = std::thread::Builder::new()
+            .name("fencelock-connect".into())
+            .spawn(move || {
+                let _ = made.send(connect(
+                    &connector,
+                    node,
+                    connection_timeout,
+                    response_timeout,
+                ));
+            });
+        if spawned.is_err() {
+            return connect(&self.connector, node, connection_timeout, response_timeout);
+        }
+        // A little more than the connection timeout, which the connecting thread keeps itself.
+        match connection.recv_timeout(connection_timeout + MIN_READ) {
+            Ok(made) => made,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting took longer than the connection timeout",
+            ))),
+        }
+    }
+
+    fn is_stale(&self, conn: &Conn) -> bool {
+        conn.generation < self.stale_below.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last connection attempt or command of this pool failed to reach Redis (it
+    /// was refused, broke, or timed out) with no success since: a call now would likely wait
+    /// for a timeout.
+    pub(crate) fn unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on a pooled connection. If the connection turns out to be broken (Redis restarted
@@ -174,7 +263,18 @@ impl Pool {
         &self,
         f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.run_from(f, Run::First)
+        self.run_from(f, Run::First, None)
+    }
+
+    /// [`run`](Pool::run) for a caller that waits no later than `deadline`: replies are awaited
+    /// until then (at least [`MIN_READ`]) when that is sooner than the response timeout, and a
+    /// reply that comes later is a timeout like any other.
+    pub(crate) fn run_until<T>(
+        &self,
+        deadline: Option<Instant>,
+        f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.run_from(f, Run::First, deadline)
     }
 
     /// [`run`](Pool::run), whose first run is `first` (a retry, if an earlier run may have run).
@@ -182,16 +282,19 @@ impl Pool {
         &self,
         mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
         first: Run,
+        deadline: Option<Instant>,
     ) -> Result<T> {
         let mut conn = self.get()?;
+        let mut cut = self.cut_reads(&mut conn, deadline);
         let mut result = f(&mut conn.con, first);
         let mut reconnected = false;
         for _ in 0..wire::MAX_INTERRUPTS {
             match &result {
                 Err(e) if broke(e) && !reconnected => {
                     self.retire_all(e);
-                    drop(conn);
+                    self.put(conn);
                     conn = self.get()?;
+                    cut = self.cut_reads(&mut conn, deadline);
                     reconnected = true;
                 }
                 // A signal cut the wait for the reply; the connection is fine (see `wire`).
@@ -200,7 +303,30 @@ impl Pool {
             }
             result = f(&mut conn.con, Run::Retry);
         }
-        finish(&mut conn, result)
+        if cut && result.is_ok() {
+            // Back to the response timeout for the next borrower; if that fails, the
+            // connection is not trusted with it.
+            conn.timed_out |= conn
+                .con
+                .set_read_timeout(Some(self.response_timeout))
+                .is_err();
+        }
+        let result = self.finish(&mut conn, result);
+        self.put(conn);
+        result
+    }
+
+    /// Shortens the reads on `conn` to end at `deadline`, if that comes before the response
+    /// timeout would; returns whether it did.
+    fn cut_reads(&self, conn: &mut Conn, deadline: Option<Instant>) -> bool {
+        let Some(left) = deadline.map(|d| d.saturating_duration_since(Instant::now())) else {
+            return false;
+        };
+        if left >= self.response_timeout {
+            return false;
+        }
+        // Failing that, the response timeout stands: a bound all the same.
+        conn.con.set_read_timeout(Some(left.max(MIN_READ))).is_ok()
     }
 
     /// Runs `f` once, for work that must not be repeated (the first run may have taken effect
@@ -216,7 +342,9 @@ impl Pool {
                 self.retire_all(e);
             }
         }
-        finish(&mut conn, result)
+        let result = self.finish(&mut conn, result);
+        self.put(conn);
+        result
     }
 
     /// Like [`run`](Pool::run) for a call that `f` makes and `packed` holds encoded: `packed`
@@ -233,9 +361,9 @@ impl Pool {
         match self.combined(packed) {
             Combined::Reply(value) => reply(value).map_err(Error::from_redis),
             Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
-            Combined::Failed(_) => self.run_from(f, Run::Retry),
+            Combined::Failed(_) => self.run_from(f, Run::Retry, None),
             Combined::NoConnection(e) => Err(e),
-            Combined::NotRun => self.run_from(f, Run::First),
+            Combined::NotRun => self.run_from(f, Run::First, None),
         }
     }
 
@@ -262,9 +390,16 @@ impl Pool {
                 wire::exchange_partial(&mut conn.con, &buf, &ends, Interrupted::LeaveUnanswered);
             // Replies of the batch may be left unread: the connection is not to be reused.
             conn.timed_out = failed.is_some();
+            self.unreachable.store(
+                failed
+                    .as_ref()
+                    .is_some_and(|e| e.is_io_error() || e.is_timeout()),
+                Ordering::Relaxed,
+            );
             if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
                 self.retire_all(e);
             }
+            self.put(conn);
             replies
         });
         // The next batch goes out while this one's answers are handed round.
@@ -287,14 +422,25 @@ impl Pool {
         batch.answer(replies).unwrap_or(Combined::NotRun)
     }
 
+    /// Marks a connection whose command timed out, so that it is discarded, notes whether Redis
+    /// answered, and maps the error.
+    fn finish<T>(&self, conn: &mut Conn, result: redis::RedisResult<T>) -> Result<T> {
+        conn.timed_out |= result.as_ref().is_err_and(|e| e.is_timeout());
+        self.unreachable.store(
+            result
+                .as_ref()
+                .is_err_and(|e| e.is_io_error() || e.is_timeout()),
+            Ordering::Relaxed,
+        );
+        result.map_err(Error::from_redis)
+    }
+
     /// Every connection made so far predates the break we just saw (`error`); none is worth a
     /// failed call.
     fn retire_all(&self, error: &RedisError) {
         self.connector.failed(self.node, error);
-        let made = self.generations.made.load(Ordering::Relaxed);
-        self.generations
-            .stale_below
-            .fetch_max(made, Ordering::Relaxed);
+        let made = self.made.load(Ordering::Relaxed);
+        self.stale_below.fetch_max(made, Ordering::Relaxed);
     }
 }
 
@@ -306,18 +452,39 @@ impl Error {
                 size: *size,
                 waited: *waited,
             },
+            Error::Rejected(e) => Error::Rejected(e.to_string().into()),
             other => Error::Connection(other.to_string().into()),
         }
     }
 }
 
+/// Connects to `node` within `connection_timeout`, starting again when a signal interrupts the
+/// connect (nothing is set up yet then).
+fn connect(
+    connector: &Connector,
+    node: Node,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
+    let started = Instant::now();
+    let mut made = connector.connect(node, connection_timeout, response_timeout);
+    for _ in 0..wire::MAX_INTERRUPTS {
+        let left = connection_timeout.saturating_sub(started.elapsed());
+        match &made {
+            Err(e) if wire::interrupted(e) && !left.is_zero() => {
+                made = connector.connect(node, left, response_timeout);
+            }
+            _ => break,
+        }
+    }
+    made
+}
+
+/// The shortest wait for a reply that [`Pool::run_until`] allows near a deadline: below this, a
+/// busy machine would fail calls Redis answered in good time.
+pub(crate) const MIN_READ: Duration = Duration::from_millis(10);
+
 /// The connection broke under the command (a restart, say), as opposed to a reply that is late.
 fn broke(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() && !e.is_timeout()
-}
-
-/// Marks a connection whose command timed out, so the pool discards it, and maps the error.
-fn finish<T>(conn: &mut Conn, result: redis::RedisResult<T>) -> Result<T> {
-    conn.timed_out = result.as_ref().is_err_and(|e| e.is_timeout());
-    result.map_err(Error::from_redis)
 }

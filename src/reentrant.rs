@@ -4,11 +4,16 @@
 //! hold, rather than in a Redis hash as Redisson does: a nested `reentrant_lock` then costs no
 //! round trip, and the count cannot drift from the guards that exist, since it *is* the number of
 //! guards (`Rc` strong count). The guard is `!Send` because the count belongs to one thread.
+//!
+//! Because a reentrant guard never leaves its thread, the map also answers exactly whether the
+//! calling thread holds a key reentrantly: a plain lock of such a key returns
+//! `Error::WouldDeadlock` ([`held_here`]). Plain guards can move, so nothing tracks them by thread.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::{Rc, Weak};
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
@@ -29,7 +34,8 @@ struct Hold {
     id: HoldId,
 }
 
-/// A reentrant lock held by the current thread; made by [`LockClient::reentrant_lock`].
+/// A reentrant lock held by the current thread; made by [`LockClient::reentrant_lock`] and
+/// [`LockClient::try_reentrant_lock`].
 ///
 /// Taking the same key again on the same thread, through the same client, returns another guard
 /// of the *same* grant at once: same fencing token, no round trip. The lock is released in Redis
@@ -65,37 +71,89 @@ impl LockClient {
     /// [`ReentrantGuard`] of this client, returns another guard of that grant at once;
     /// otherwise waits for it as [`lock`](LockClient::lock) does.
     ///
+    /// Only reentrant guards nest. A key this thread holds through a plain [`LockGuard`] is
+    /// waited for like any held key, as [`lock`](LockClient::lock) explains: plain guards may
+    /// move between threads, so which thread holds one is not tracked.
+    ///
     /// # Errors
-    /// As for [`lock`](LockClient::lock); [`Error::WouldDeadlock`]
-    /// if this thread holds the key through a plain [`LockGuard`].
+    /// As for [`lock`](LockClient::lock); [`Error::LockLost`] if this thread's hold of the key
+    /// was lost (no new grant can be had while its guards live).
     pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
+        match self.nested(key)? {
+            Ok(nested) => Ok(nested),
+            Err(id) => Ok(record(id, self.lock(key)?)),
+        }
+    }
+
+    /// [`reentrant_lock`](LockClient::reentrant_lock) that waits at most `timeout` for a lock
+    /// this thread does not hold yet; `Ok(None)` if it could not be had in time. A nested guard
+    /// of a hold this thread has comes back at once, whatever the timeout.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let Some(outer) = client.try_reentrant_lock("account:9", Duration::from_secs(1))? else {
+    ///     println!("account 9 is busy");
+    ///     return Ok(());
+    /// };
+    /// // Nested: granted at once, even with a zero timeout.
+    /// let inner = client.try_reentrant_lock("account:9", Duration::ZERO)?;
+    /// assert!(inner.is_some());
+    /// # drop(outer);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`reentrant_lock`](LockClient::reentrant_lock).
+    pub fn try_reentrant_lock(
+        &self,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Option<ReentrantGuard>> {
+        match self.nested(key)? {
+            Ok(nested) => Ok(Some(nested)),
+            Err(id) => Ok(self.try_lock(key, timeout)?.map(|guard| record(id, guard))),
+        }
+    }
+
+    /// Another guard of this thread's hold of `key`, or, if it has none, the id under which to
+    /// record a new one.
+    fn nested(&self, key: &str) -> Result<std::result::Result<ReentrantGuard, HoldId>> {
         let tag = crate::key::LockKeys::new(self.namespace(), key)?
             .tag()
             .to_owned();
         let id = (self.identity(), tag);
         // While the thread exits, its map is gone: no nesting to find, and none to record.
         let nested = HOLDS
-            .try_with(|holds| holds.borrow().get(&id).and_then(Weak::upgrade))
+            .try_with(|holds| holds.try_borrow().ok()?.get(&id).and_then(Weak::upgrade))
             .ok()
             .flatten();
-        if let Some(hold) = nested {
+        match nested {
             // A share of a lost grant would claim a lock nobody holds; and no new grant can be
             // had while the old shares live.
-            if !hold.guard.is_held() {
-                return Err(Error::LockLost {
-                    key: key.to_owned(),
-                });
-            }
-            return Ok(ReentrantGuard { hold });
+            Some(hold) if !hold.guard.is_held() => Err(Error::LockLost {
+                key: key.to_owned(),
+            }),
+            Some(hold) => Ok(Ok(ReentrantGuard { hold })),
+            None => Ok(Err(id)),
         }
-        let guard = self.lock(key)?;
-        let hold = Rc::new(Hold {
-            guard,
-            id: id.clone(),
-        });
-        let _ = HOLDS.try_with(|holds| holds.borrow_mut().insert(id, Rc::downgrade(&hold)));
-        Ok(ReentrantGuard { hold })
     }
+}
+
+/// Makes `guard` this thread's hold `id`, and its first share.
+fn record(id: HoldId, guard: LockGuard) -> ReentrantGuard {
+    let hold = Rc::new(Hold {
+        guard,
+        id: id.clone(),
+    });
+    let _ = HOLDS.try_with(|holds| {
+        if let Ok(mut holds) = holds.try_borrow_mut() {
+            holds.insert(id, Rc::downgrade(&hold));
+        }
+    });
+    ReentrantGuard { hold }
 }
 
 impl ReentrantGuard {
@@ -150,6 +208,23 @@ impl Drop for ReentrantGuard {
         }
         // The last share's Hold drops with this field, and its LockGuard releases the lock.
     }
+}
+
+/// Whether the calling thread holds `tag` of the client `client` through a [`ReentrantGuard`].
+/// Exact, since those guards never leave their thread. False while the thread is exiting.
+pub(crate) fn held_here(client: usize, tag: &str) -> bool {
+    HOLDS
+        .try_with(|holds| {
+            let Ok(holds) = holds.try_borrow() else {
+                return false;
+            };
+            // Most threads hold nothing reentrantly: no key to build for them.
+            !holds.is_empty()
+                && holds
+                    .get(&(client, tag.to_owned()))
+                    .is_some_and(|hold| hold.strong_count() > 0)
+        })
+        .unwrap_or(false)
 }
 
 /// Removes a hold from this thread's map; quietly does nothing while the thread is exiting.

@@ -49,18 +49,80 @@ impl Locks {
     /// Releases a grant: stops its renewal, then compare-and-delete, or compare-and-hand-over
     /// to the next waiter. Logs failures at warn, so `Drop` can stay silent.
     pub(crate) fn release(&self, grant: &Grant) -> Result<()> {
+        let was_held = self.stop(grant);
+        self.give_back(grant, was_held)
+    }
+
+    /// [`release`](Locks::release) for a thread that must not wait for Redis: the grant stops
+    /// here and now (its renewal), and its release goes to a background thread.
+    pub(crate) fn release_later(self: &Arc<Self>, grant: Arc<Grant>) {
+        let was_held = self.stop(&grant);
+        self.later(Work::Release { grant, was_held });
+    }
+
+    /// Gives up a waiter's place in Redis' queue (and a lock handed to it meanwhile) from a
+    /// background thread; see [`release_later`](Locks::release_later).
+    pub(crate) fn leave_later(self: &Arc<Self>, keys: LockKeys) {
+        self.later(Work::Leave { keys });
+    }
+
+    fn later(self: &Arc<Self>, work: Work) {
+        let sender = self.later.get_or_init(|| {
+            let (sender, work) = crossbeam_channel::unbounded::<Later>();
+            let spawned = thread::Builder::new()
+                .name("fencelock-release".into())
+                .spawn(move || {
+                    // Ends when the client is gone: the last share of it may be in a job.
+                    for Later { locks, work } in work {
+                        locks.run_later(work);
+                    }
+                });
+            spawned.ok().map(|_| sender)
+        });
+        let later = Later {
+            locks: Arc::clone(self),
+            work,
+        };
+        match sender {
+            Some(sender) => {
+                if let Err(unsent) = sender.send(later) {
+                    self.run_later(unsent.into_inner().work);
+                }
+            }
+            // No thread could be started: do it now rather than not at all.
+            None => self.run_later(later.work),
+        }
+    }
+
+    fn run_later(&self, work: Work) {
+        match work {
+            // Failures are logged where they happen.
+            Work::Release { grant, was_held } => {
+                let _ = self.give_back(&grant, was_held);
+            }
+            Work::Leave { keys } => {
+                if let Err(e) =
+                    self.hand_over(&keys, keys.owner(), Leaving::QueueAndLock, LOCAL_RUN)
+                {
+                    log::warn!(
+                        "fencelock: leaving the queue of {:?} failed: {e}",
+                        keys.user()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Ends a grant in this process (no more renewal); returns whether it was held until now.
+    fn stop(&self, grant: &Grant) -> bool {
         let was_held = grant.is_held();
         grant.end();
         self.renewal.forget(grant.id);
-        {
-            let mut holders = self.holders();
-            if holders
-                .get(grant.keys.tag())
-                .is_some_and(|(id, _)| *id == grant.id)
-            {
-                holders.remove(grant.keys.tag());
-            }
-        }
+        was_held
+    }
+
+    /// The release in Redis of a grant already stopped here.
+    fn give_back(&self, grant: &Grant, was_held: bool) -> Result<()> {
         let user = grant.keys.user();
         let (released, reply_lost) = match self.hand_over(
             &grant.keys,
@@ -235,6 +297,17 @@ impl Locks {
         }
         Ok((released, reply_lost))
     }
+}
+
+/// What [`Locks::later`] hands to the background thread: work, and the client it is for.
+pub(crate) struct Later {
+    locks: Arc<Locks>,
+    work: Work,
+}
+
+enum Work {
+    Release { grant: Arc<Grant>, was_held: bool },
+    Leave { keys: LockKeys },
 }
 
 /// Bounds the rounds of one release: see [`Locks::hand_over`].

@@ -165,8 +165,8 @@ fn waiters_answer_and_the_lock_survives_a_restart_with_aof() {
 /// Protection: `unlock()` (and so `with_lock`) reports a loss the guard has already signalled.
 /// Without it the caller is told its hold ended cleanly after being told it was lost, and
 /// `with_lock` hands back the value of a closure that may have run alongside another holder.
-/// (This suite found `release()` mapping "key gone on the retry after a broken connection" to
-/// `Ok(())` whatever the grant's loss flag said; fixed in 03d2b2a.)
+/// The trap: a release whose retry (after the broken connection) finds the key gone must not be
+/// taken for a release of the first run when the grant's loss flag is already set.
 #[test]
 fn a_lock_lost_to_an_empty_restart_unlocks_as_lost() {
     let mut server = RedisServer::start();

@@ -70,7 +70,7 @@ impl Tables {
     /// took it.
     fn write(&self, db: &mut postgres::Client, body: &str, token: FencingToken) -> bool {
         let name = &self.name;
-        let token = i64::try_from(token.as_u64()).unwrap();
+        let token = token.as_i64().unwrap();
         let rows = db
             .execute(
                 &format!(
@@ -173,4 +173,38 @@ fn many_writers_never_see_an_older_token_accepted_after_a_newer_one() {
         assert!(w.token < last, "{w:?} refused, yet the highest is {last}");
     }
     assert_only_late_writes_refused(&writes, |&accepted| accepted);
+}
+
+/// The tables of any schema named like the example's, as `schema.name`.
+fn example_tables(db: &mut postgres::Client) -> Vec<String> {
+    db.query(
+        "SELECT schemaname || '.' || tablename FROM pg_tables \
+         WHERE tablename LIKE 'fenced_documents%' ORDER BY 1",
+        &[],
+    )
+    .unwrap()
+    .iter()
+    .map(|row| row.get(0))
+    .collect()
+}
+
+#[test]
+fn the_fenced_postgres_example_rejects_the_stale_write_and_leaves_no_table() {
+    let mut db = connect();
+    let before = example_tables(&mut db);
+    let server = RedisServer::start();
+    let mut cmd = std::process::Command::new(support::example_bin("fenced_postgres"));
+    cmd.env("DATABASE_URL", database_url())
+        .env("REDIS_URL", server.url());
+    let mut example = support::Child::spawn(cmd);
+    example.expect_line("A's write: rejected", std::time::Duration::from_secs(20));
+    let status = example
+        .wait_exit(std::time::Duration::from_secs(20))
+        .expect("the example did not exit");
+    assert!(status.success(), "the example failed: {status}");
+    assert_eq!(
+        example_tables(&mut db),
+        before,
+        "the example left a table behind"
+    );
 }

@@ -93,6 +93,8 @@ fn incr_by_applies_current_tokens_only_and_an_error_changes_nothing() {
     assert_eq!(store.incr_by("stock", t(2), 1).unwrap(), 8);
     assert_eq!(refused(store.incr_by("stock", t(1), 100)), (1, 2));
     assert_eq!(text(&store, "stock").as_deref(), Some("8"));
+    assert_eq!(store.get_i64("stock").unwrap(), Some(8));
+    assert_eq!(store.get_i64("never-counted").unwrap(), None);
 
     // INCRBY fails before the token is recorded: a failed write must not fence anyone out.
     store.set("label", t(1), "not a number").unwrap();
@@ -100,6 +102,50 @@ fn incr_by_applies_current_tokens_only_and_an_error_changes_nothing() {
     assert!(!err.is_stale_token() && err.is_redis(), "{err:?}");
     assert_eq!(store.highest_token("label").unwrap(), Some(t(1)));
     assert_eq!(text(&store, "label").as_deref(), Some("not a number"));
+    // Read as a counter, a value that is not one is an error, not a number made up.
+    let err = store.get_i64("label").unwrap_err();
+    assert!(err.is_redis(), "{err:?}");
+
+    // The whole i64 range reads back exactly (no detour through a double).
+    for extreme in [i64::MIN, i64::MAX] {
+        store.delete("edge", t(3)).unwrap();
+        assert_eq!(store.incr_by("edge", t(3), extreme).unwrap(), extreme);
+        assert_eq!(store.get_i64("edge").unwrap(), Some(extreme));
+    }
+    store.delete("edge", t(3)).unwrap();
+    assert_eq!(store.get_i64("edge").unwrap(), None);
+}
+
+/// The value an increment returns is the value Redis stored, exactly, over the whole i64 range:
+/// Lua numbers are doubles, so a value beyond 2^53 taken from INCRBY's reply inside the script
+/// comes back rounded (i64::MAX even wraps to i64::MIN).
+#[test]
+fn incr_by_returns_the_stored_value_exactly_beyond_two_to_the_53() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let two_53: i64 = 1 << 53;
+    for (start, delta) in [
+        (0, i64::MAX),
+        (i64::MAX, -1),
+        (two_53, 1),
+        (two_53 - 1, 2),
+        (-two_53, -1),
+        (0, i64::MIN),
+        (i64::MIN, 1),
+        (two_53 - 2, 1),
+    ] {
+        store.delete("edge", t(1)).unwrap();
+        if start != 0 {
+            store.incr_by("edge", t(1), start).unwrap();
+        }
+        let returned = store.incr_by("edge", t(1), delta).unwrap();
+        let stored: i64 = text(&store, "edge").unwrap().parse().unwrap();
+        assert_eq!(
+            (returned, stored),
+            (start + delta, start + delta),
+            "(returned, stored) after {start} + {delta}"
+        );
+    }
 }
 
 #[test]
@@ -193,6 +239,7 @@ fn bad_input_is_rejected_before_any_network_call() {
         let errors = [
             store.set(resource, t(1), "v").unwrap_err(),
             store.get(resource).unwrap_err(),
+            store.get_i64(resource).unwrap_err(),
             store.delete(resource, t(1)).unwrap_err(),
             store.incr_by(resource, t(1), 1).unwrap_err(),
             store.claim(resource, t(1)).unwrap_err(),
@@ -310,7 +357,10 @@ fn many_writers_never_see_an_older_token_accepted_after_a_newer_one() {
     // Every accepted increment was applied exactly once, refused ones not at all.
     let counts: Vec<i64> = accepted.iter().map(|&(count, _)| count).collect();
     assert_eq!(counts, (1..=accepted.len() as i64).collect::<Vec<_>>());
-    assert_eq!(text(&store, "ledger"), Some(accepted.len().to_string()));
+    assert_eq!(
+        store.get_i64("ledger").unwrap(),
+        Some(accepted.len() as i64)
+    );
     let history: Vec<u64> = accepted.iter().map(|&(_, token)| token).collect();
     assert_never_decreasing(&history);
     // Every refusal named a higher token that was accepted.

@@ -1,5 +1,6 @@
-//! What reaches the log: grants and releases at debug, losses at warn, owner ids never above
-//! debug. One test per binary, since the logger is process-wide.
+//! What reaches the log, as the crate docs' "Logging" section says: targets under `fencelock`,
+//! messages starting `fencelock: `, only warn and debug; grants and releases at debug, losses at
+//! warn, owner ids never above debug. One test per binary, since the logger is process-wide.
 
 mod support;
 
@@ -58,6 +59,24 @@ fn owner_ids_stay_out_of_logs_and_debug_output() {
     assert!(at(Level::Debug, "granted"), "{records:#?}");
     assert!(at(Level::Debug, "released"), "{records:#?}");
     assert!(at(Level::Warn, "lost"), "{records:#?}");
+    let ours: Vec<_> = support::log_records_with_targets()
+        .into_iter()
+        .filter(|(target, _, message)| {
+            target.starts_with("fencelock") || message.starts_with("fencelock")
+        })
+        .collect();
+    assert!(!ours.is_empty());
+    for (target, level, message) in &ours {
+        assert!(
+            target == "fencelock" || target.starts_with("fencelock::"),
+            "target {target:?} of {message:?}"
+        );
+        assert!(message.starts_with("fencelock: "), "{message:?}");
+        assert!(
+            matches!(level, Level::Warn | Level::Debug),
+            "{level} is not a documented level: {message:?}"
+        );
+    }
     for (level, message) in &records {
         if *level <= Level::Info {
             assert!(

@@ -1,5 +1,5 @@
-//! Reentrancy: nested grants share one token, only the outermost release releases, and the plain
-//! lock refuses a same-thread re-lock instead of waiting forever.
+//! Reentrancy: nested grants share one token, only the outermost release releases, and a plain
+//! lock of a key the thread holds reentrantly is refused instead of waiting forever.
 
 mod support;
 
@@ -91,23 +91,22 @@ fn another_thread_or_client_does_not_share_the_hold() {
 }
 
 #[test]
-fn plain_lock_refuses_a_same_thread_relock() {
+fn only_reentrant_guards_nest() {
     let server = RedisServer::start();
     let client = lock_client(&server, 30_000);
+    // A plain guard is not tracked by thread (it may move): a reentrant lock of its key waits.
     let guard = client.lock("once").unwrap();
-    let err = client.lock("once").unwrap_err();
-    assert!(err.is_would_deadlock(), "{err:?}");
-    let err = client.try_lock("once", ms(100)).unwrap_err();
-    assert!(err.is_would_deadlock(), "{err:?}");
-    let err = client.reentrant_lock("once").unwrap_err();
-    assert!(err.is_would_deadlock(), "{err:?}");
-    // A reentrant hold also refuses a plain re-lock.
+    let started = std::time::Instant::now();
+    let waited = client.try_lock("once", ms(100)).unwrap();
+    assert!(waited.is_none() && started.elapsed() >= ms(100));
+    // A reentrant hold refuses a plain re-lock on its thread (tests/moved_guards.rs has more).
     let nested = client.reentrant_lock("twice").unwrap();
     assert!(client.lock("twice").unwrap_err().is_would_deadlock());
     drop(nested);
     // After release the same thread locks again normally.
     guard.unlock().unwrap();
     client.lock("once").unwrap().unlock().unwrap();
+    client.reentrant_lock("twice").unwrap().unlock().unwrap();
 }
 
 #[test]
@@ -124,4 +123,60 @@ fn nesting_into_a_lost_grant_reports_the_loss() {
     let err = client.reentrant_lock("gone").unwrap_err();
     assert!(err.is_lock_lost(), "{err:?}");
     assert_eq!(outer.hold_count(), 1);
+}
+
+#[test]
+fn try_reentrant_lock_nests_at_once_and_waits_at_most_its_timeout_otherwise() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+
+    let outer = client
+        .try_reentrant_lock("bounded", Duration::ZERO)
+        .unwrap()
+        .expect("a free key");
+    // Nested: at once, with a zero timeout, sharing the grant.
+    let inner = client
+        .try_reentrant_lock("bounded", Duration::ZERO)
+        .unwrap()
+        .expect("nesting never waits");
+    assert_eq!(inner.token(), outer.token());
+    assert_eq!(outer.hold_count(), 2);
+
+    // Another thread waits its timeout, then gets the lock once this thread lets go.
+    let elsewhere = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let busy = client.try_reentrant_lock("bounded", ms(200)).unwrap();
+            let waited = started.elapsed();
+            assert!(busy.is_none(), "granted a key another thread holds");
+            assert!(waited >= ms(200) && waited < ms(1_000), "{waited:?}");
+            let later = client
+                .try_reentrant_lock("bounded", Duration::from_secs(5))
+                .unwrap();
+            later.map(|guard| guard.token())
+        })
+    };
+    std::thread::sleep(ms(400));
+    let first = outer.token();
+    drop(inner);
+    drop(outer);
+    let token = elsewhere
+        .join()
+        .unwrap()
+        .expect("granted after the release");
+    assert!(token > first);
+
+    // Input and lost holds are reported as for reentrant_lock.
+    let err = client.try_reentrant_lock("", ms(10)).unwrap_err();
+    assert!(err.is_invalid_argument(), "{err:?}");
+    let client = lock_client(&server, 300); // renews every 100 ms: hears of the loss soon
+    let gone = client.reentrant_lock("gone2").unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("test:lock:{gone2}")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(gone.lost().recv_timeout(ms(1_000)).is_ok());
+    let err = client.try_reentrant_lock("gone2", ms(10)).unwrap_err();
+    assert!(err.is_lock_lost(), "{err:?}");
 }

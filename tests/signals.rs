@@ -143,8 +143,8 @@ fn the_wake_thread_rides_out_signals_without_reconnecting() {
     let sent = pester(wake, Duration::from_micros(200), &never, ms(1_000));
     assert!(sent >= 500, "too few signals to mean anything: {sent}");
     let after = support::info_stat(&mut con, "total_connections_received");
-    // At most once: the heartbeat's PING (every second), which a signal can cut. Before the fix
-    // every interrupted read reconnected: 65 times in this second.
+    // At most once: the heartbeat's PING (every second), which a signal can cut. Reconnecting at
+    // every interrupted read would make it about 65 times in this second.
     assert!(
         after - before <= 1,
         "the wake thread reconnected {} times under signals",

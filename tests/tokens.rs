@@ -92,6 +92,7 @@ fn run_acquire(con: &mut redis::Connection, key: &str, owner: &str) -> (i64, u64
         .arg(owner)
         .arg("10000")
         .arg("0")
+        .arg("60000")
         .invoke(con)
         .unwrap_or_else(|e| panic!("acquire script: {e}"));
     let Value::Array(items) = &reply else {
@@ -137,4 +138,37 @@ fn a_retry_that_finds_the_lock_ours_keeps_the_clock_floor() {
         again > first,
         "the retry's token {again} is not above the first grant's {first}"
     );
+}
+
+/// `as_i64` holds for every token a grant can carry: the counter is a Redis integer (signed
+/// 64-bit), so the last grant of a key carries `i64::MAX` and the next acquire fails with a
+/// Redis error, granting nothing.
+#[test]
+fn every_granted_token_fits_an_i64_up_to_the_last() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 10_000);
+    let mut con = server.connection();
+    let key = "last";
+    let _: () = redis::cmd("SET")
+        .arg(fence_key(key))
+        .arg((i64::MAX - 1).to_string())
+        .query(&mut con)
+        .unwrap();
+
+    let guard = client.lock(key).unwrap();
+    assert_eq!(guard.token().as_u64(), i64::MAX as u64);
+    assert_eq!(guard.token().as_i64().unwrap(), i64::MAX);
+    guard.unlock().unwrap();
+
+    let err = client.lock(key).unwrap_err();
+    assert!(err.is_redis(), "{err:?}");
+    assert!(
+        !support::lock_exists(&mut con, key),
+        "a grant past i64::MAX"
+    );
+
+    // The only tokens that do not fit are made by hand.
+    let by_hand = fencelock::FencingToken::from(i64::MAX as u64 + 1);
+    let err = by_hand.as_i64().unwrap_err();
+    assert!(err.is_invalid_argument(), "{err:?}");
 }

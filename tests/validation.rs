@@ -26,6 +26,15 @@ fn bad_settings_are_rejected_by_build() {
     rejected(b().lease(ms(9)).build(), "lease");
     rejected(b().lease(Duration::from_secs(25 * 3600)).build(), "lease");
     rejected(b().lease(Duration::from_micros(10_500)).build(), "lease");
+    rejected(b().idle_expiry(ms(999)).build(), "idle expiry");
+    rejected(
+        b().idle_expiry(fencelock::MAX_IDLE_EXPIRY + ms(1)).build(),
+        "idle expiry",
+    );
+    rejected(
+        b().idle_expiry(Duration::from_micros(1_000_500)).build(),
+        "idle expiry",
+    );
     rejected(b().pool_size(0).build(), "pool size");
     rejected(b().pool_size(100_000).build(), "pool size");
     rejected(
@@ -42,7 +51,13 @@ fn bad_settings_are_rejected_by_build() {
     rejected(LockClient::builder("http://127.0.0.1/").build(), "url");
     rejected(LockClient::builder("not a url").build(), "url");
     rejected(LockClient::new(""), "url");
+    // TLS is not supported yet (README, "Not supported yet"): refused, not tried in the clear.
+    rejected(LockClient::builder("rediss://127.0.0.1/").build(), "url");
+    let tls = fencelock::FencedRedis::open("rediss://127.0.0.1/").unwrap_err();
+    assert!(tls.is_invalid_argument(), "{tls:?}");
     assert!(b().lease(ms(10)).pool_size(1).build().is_ok());
+    assert!(b().idle_expiry(fencelock::MIN_IDLE_EXPIRY).build().is_ok());
+    assert!(b().idle_expiry(fencelock::MAX_IDLE_EXPIRY).build().is_ok());
 }
 
 #[test]

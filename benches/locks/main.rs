@@ -1,7 +1,7 @@
 //! fencelock benchmarks: round trips, handoff, contention, a thread pool, renewal at scale.
 //!
 //! ```text
-//! cargo bench --bench locks                       # everything (about 75 s)
+//! cargo bench --bench locks                       # everything (about 80 s)
 //! cargo bench --bench locks -- handoff            # only benchmarks whose name contains "handoff"
 //! cargo bench --bench locks -- contention T=8 W_US=0
 //! BENCH_T=8 BENCH_D_MS=2000 cargo bench --bench locks -- contention
@@ -34,7 +34,10 @@
 //! - `pool`: N workers take jobs, each locks one of K keys and does a short fenced write;
 //!   compared with the EVALSHA rate Redis sustains from N threads in the same run;
 //! - `renewal`: R locks held for several lease periods: round trips per renewal tick, CPU
-//!   time of the renewal thread, client heap per held lock.
+//!   time of the renewal thread, client heap per held lock;
+//! - `idle`: IK keys locked once each, on servers of their own: keys and Redis memory per key
+//!   right after, once the idle expiry (1 s here) has passed, and with the counters kept for
+//!   ever as they were before they expired.
 //!
 //! The baseline is the common hand-written lock: `SET key owner NX PX 30000`, on failure
 //! sleep 100 ms and retry; release by a compare-and-delete script.
@@ -60,6 +63,7 @@
 //! | `LEASE_MS` | 3000 | renewal: lease of the held locks, ms (renewal every lease/3) |
 //! | `LEASES` | 4 | renewal: how many lease periods the locks are held |
 //! | `RTT` | 10000 | samples of each round-trip baseline |
+//! | `IK` | 10000 | idle: keys locked once each |
 //!
 //! How things are measured is told where it is done:
 //!
@@ -71,11 +75,12 @@
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
 //! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
-//!   and `baseline` (the hand-written lock they compare with).
+//!   `idle`, and `baseline` (the hand-written lock they compare with).
 
 mod baseline;
 mod contention;
 mod handoff;
+mod idle;
 mod measure;
 mod params;
 mod pool;
@@ -140,6 +145,9 @@ fn main() {
     }
     if p.selected("renewal") {
         renewal::run(&server, &p, &mut r);
+    }
+    if p.selected("idle") {
+        idle::run(&p, &mut r);
     }
     rtt::run_again(&server, &p, &mut r);
 

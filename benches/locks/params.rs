@@ -21,6 +21,7 @@ pub struct Params {
     pub renew_lease: Duration,
     pub renew_leases: u32,
     pub rtt_samples: usize,
+    pub idle_keys: u64,
 }
 
 impl Params {
@@ -71,6 +72,7 @@ impl Params {
             renew_lease: Duration::from_millis(get("LEASE_MS", 3000).max(30)),
             renew_leases: get("LEASES", 4).max(1) as u32,
             rtt_samples: get("RTT", 10_000).max(100) as usize,
+            idle_keys: get("IK", 10_000).max(1),
         }
     }
 

@@ -104,8 +104,8 @@ impl<T, R> Combiner<T, R> {
 }
 
 /// The calls of a batch being sent, its sender's own first. Dropped before it has answered them
-/// (a panic, say in a logger r2d2 calls), it still passes the sending on and answers each call,
-/// so that no thread waits forever.
+/// (a panic, say in the user's logger), it still passes the sending on and answers each call, so
+/// that no thread waits forever.
 pub(crate) struct Batch<'a, T, R> {
     combiner: &'a Combiner<T, R>,
     calls: Vec<Call<T, R>>,

@@ -2,7 +2,8 @@
 -- a waiter, join the key's queue. (grant.lua is prepended: mint, grant, rearm, enqueue, dequeue.)
 --
 -- KEYS[1]  lock key   string: the owner id of the current grant, with a PX lease
--- KEYS[2]  fence key  integer counter of grants for this key; never expires
+-- KEYS[2]  fence key  integer counter of grants for this key; expires ARGV[4] ms after the
+--                     server clock (in microseconds) passes it (see mint in grant.lua)
 -- KEYS[3]  queue      LIST of waiting owner ids (see grant.lua)
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
 -- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
@@ -10,6 +11,7 @@
 -- ARGV[3]  '0': a single try, never queued; '1': a waiter's first attempt: join the queue if the
 --          lock is held; '2': a waiter that may stand in the queue already: join or refresh its
 --          entry if the lock is held, take it out if granted
+-- ARGV[4]  idle       ms the fence counter outlives the clock's passing it, re-armed by every grant
 --
 -- Returns  {1, token}  granted (and out of the queue); the token is a bulk string of decimal
 --                      digits (exact beyond 2^53). If the lock already belongs to ARGV[1] (a
@@ -22,7 +24,7 @@
 local holder = redis.call('GET', KEYS[1])
 if holder == false then
   -- grant first: under maxmemory Redis refuses only a script's first write, and INCR must be it.
-  local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+  local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4])
   if ARGV[3] == '2' then
     dequeue(KEYS[3], KEYS[4], ARGV[1])
   end
@@ -31,10 +33,11 @@ end
 if holder == ARGV[1] then
   rearm(KEYS[1], ARGV[2])
   -- Nobody else was granted since our grant minted the counter's value. If the counter is gone
-  -- (deleted, evicted), a new token is minted under the clock floor, as for any grant.
+  -- (expired while we held the lock for longer than its idle period, deleted, evicted), a new
+  -- token is minted under the clock floor, as for any grant.
   local token = redis.call('GET', KEYS[2])
   if token == false then
-    token = mint(KEYS[2])
+    token = mint(KEYS[2], ARGV[4])
   end
   return {1, token}
 end

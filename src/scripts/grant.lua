@@ -17,8 +17,20 @@ end
 -- side has the same number (HANDOFF_LEASE in scripts/mod.rs).
 local HANDOFF_LEASE = 5000
 
--- Raises the fence counter and returns the new token as a decimal string: the counter after
--- INCR, lifted to the server clock in microseconds (TIME) when the counter is behind it.
+-- When the fence counter holding `token` may expire, as an absolute server time in ms (for
+-- PEXPIREAT or SET PXAT): `idle` ms after the server clock passes the token, read as
+-- microseconds. Until then a token minted from the clock could be at or below the counter, so the
+-- counter must stay; after, the clock floor alone mints tokens above it. `token` is a double
+-- below 2^53, so it is exact; math.floor(token / 1000) rounds to nearest and then down, which can
+-- land one ms above the true quotient's floor but never below it, so the result times 1000 always
+-- exceeds the token by at least idle * 1000 microseconds.
+local function lapse_at(token, idle)
+  return string.format('%.0f', math.floor(token / 1000) + 1 + tonumber(idle))
+end
+
+-- Raises the fence counter, returns the new token as a decimal string, and sets when the counter
+-- expires if no grant follows (lapse_at). The token is the counter after INCR, lifted to the
+-- server clock in microseconds (TIME) when the counter is behind it.
 --
 -- Lua numbers are doubles, exact only up to 2^53, and INCR's reply arrives as one: a counter set
 -- by hand or restored from elsewhere can be beyond, and then only GET gives its digits. Below
@@ -30,27 +42,39 @@ local HANDOFF_LEASE = 5000
 -- increments. It assumes the server clock never steps back by more than the time such an event
 -- takes. Redis replicates script effects, so TIME before writes is allowed and replicas receive
 -- the resulting SET, not the clock reading.
-local function mint(fence)
+--
+-- The same floor lets the counter expire once the key is idle: the counter lives until `idle` ms
+-- after the clock passes it, so the first grant after it expired takes a token from a clock that
+-- is past every earlier token, unless the clock stepped back by more than `idle` meanwhile. The
+-- expiry is anchored at the counter, not at now: a counter that ran ahead of the clock (grants
+-- faster than one a microsecond, a value set by hand, a clock that stepped back) stays until the
+-- clock has caught up with it. INCR keeps a TTL and SET clears one, so every branch sets its
+-- own. A counter at or beyond 2^53 (a clock reading of the year 2255) never expires: its TTL
+-- could not be computed exactly, and the clock will not pass it anyway.
+local function mint(fence, idle)
   local counter = redis.call('INCR', fence)
   local now = redis.call('TIME')
   local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
   if counter < floor then
     local token = string.format('%.0f', floor)
-    redis.call('SET', fence, token)
+    redis.call('SET', fence, token, 'PXAT', lapse_at(floor, idle))
     return token
   end
   if counter < 9007199254740992 then
+    redis.call('PEXPIREAT', fence, lapse_at(counter, idle))
     return string.format('%.0f', counter)
   end
+  redis.call('PERSIST', fence)
   return redis.call('GET', fence)
 end
 
--- Sets the lock to `owner` for `lease` ms and returns its fencing token (see mint).
+-- Sets the lock to `owner` for `lease` ms and returns its fencing token (see mint; `idle` is
+-- how long the counter outlives the clock's passing it).
 --
 -- INCR runs before SET: scripts do not roll back, and a fence key that cannot be incremented
 -- (a wrong type, an overflow) must fail the script before it leaves a lock behind.
-local function grant(lock, fence, owner, lease)
-  local token = mint(fence)
+local function grant(lock, fence, owner, lease, idle)
+  local token = mint(fence, idle)
   redis.call('SET', lock, owner, 'PX', lease)
   return token
 end

@@ -69,7 +69,12 @@ pub(crate) fn acquire(
         JoinQueue::Join => "1",
         JoinQueue::Rejoin => "2",
     };
-    let args = [Arg::Str(owner), Arg::Int(millis(lease)), Arg::Str(queue)];
+    let args = [
+        Arg::Str(owner),
+        Arg::Int(millis(lease)),
+        Arg::Str(queue),
+        Arg::Int(keys.idle_ms()),
+    ];
     let mut buf = Vec::with_capacity(256);
     evalsha(&mut buf, &ACQUIRE, &keys.all(), &args);
     let first = buf.len();
@@ -269,18 +274,20 @@ pub(crate) fn pack_release(
         Leaving::Lock => "0",
         Leaving::QueueAndLock => "1",
     });
+    let idle = Arg::Int(keys.idle_ms());
     let mut buf = Vec::with_capacity(320);
     match next {
         None => evalsha(
             &mut buf,
             &RELEASE,
             &keys.all(),
-            &[Arg::Str(owner), withdraw],
+            &[Arg::Str(owner), withdraw, idle],
         ),
         Some(next) => {
             let args = [
                 Arg::Str(owner),
                 withdraw,
+                idle,
                 Arg::Str(next.owner),
                 Arg::Int(millis(next.lease)),
                 Arg::Str(if next.ahead { "1" } else { "0" }),

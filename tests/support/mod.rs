@@ -821,6 +821,8 @@ impl Drop for Child {
 // ---------------------------------------------------------------------------
 
 static LOG_RECORDS: std::sync::Mutex<Vec<(log::Level, String)>> = std::sync::Mutex::new(Vec::new());
+/// The target of each record in `LOG_RECORDS`, in the same order.
+static LOG_TARGETS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 struct Capture;
 
@@ -829,10 +831,14 @@ impl log::Log for Capture {
         true
     }
     fn log(&self, record: &log::Record<'_>) {
-        LOG_RECORDS
+        let mut records = LOG_RECORDS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        records.push((record.level(), record.args().to_string()));
+        LOG_TARGETS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((record.level(), record.args().to_string()));
+            .push(record.target().to_owned());
     }
     fn flush(&self) {}
 }
@@ -849,4 +855,20 @@ pub fn log_records() -> Vec<(log::Level, String)> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone()
+}
+
+/// [`log_records`] with each record's target: (target, level, message).
+pub fn log_records_with_targets() -> Vec<(String, log::Level, String)> {
+    // Taken in the order `log` takes them, so the two lists are of one length and order.
+    let records = LOG_RECORDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let targets = LOG_TARGETS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    targets
+        .iter()
+        .zip(records.iter())
+        .map(|(target, (level, message))| (target.clone(), *level, message.clone()))
+        .collect()
 }
