@@ -8,7 +8,8 @@
 //! ```
 //!
 //! A waiter's states and what moves it between them are tabled in docs/design.md ("A waiter's
-//! states").
+//! states"); in the code they are one [`State`](crate::wait::State) per waiter, held by its
+//! [`Ticket`], and this file makes the moves.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -96,19 +97,15 @@ impl Locks {
         self.new_owner(&mut keys);
         let owner = keys.owner();
         let lease = options.lease.unwrap_or(self.config.lease);
-        let mut wait = Wait {
-            joined: Instant::now(),
-            ticket: self.waiters.join(keys.tag(), owner, lease),
-            queued_since: None,
-        };
-        let found = self.wait_for_grant(&keys, owner, lease, deadline, options, &mut wait);
+        let ticket = self.waiters.join(keys.tag(), owner, lease);
+        let found = self.wait_for_grant(&keys, owner, lease, deadline, options, &ticket);
         if let Ok(Some((token, sent, granted_by))) = found {
-            wait.ticket.leave_granted();
+            ticket.leave_granted();
             return self.take(keys, token, sent, lease, options, granted_by);
         }
         // Leaving without a grant; a handoff may have reached us all the same.
-        let earliest = wait.since();
-        let (late, named) = wait.ticket.leave();
+        let earliest = ticket.since();
+        let (late, in_redis_queue) = ticket.leave();
         if let (Some(wake), Ok(None)) = (late, &found) {
             if let Some((token, since, granted_by)) = handed(wake, earliest) {
                 // Granted before we gave up: better taken than handed on.
@@ -116,7 +113,7 @@ impl Locks {
             }
         }
         // Only a waiter in Redis' queue or named by a release can have been handed the lock.
-        if wait.queued_since.is_none() && !named {
+        if !in_redis_queue {
             return found.map(|_| Round::Deadline);
         }
         let past_deadline = matches!(&found, Ok(None));
@@ -146,9 +143,9 @@ impl Locks {
         lease: Duration,
         deadline: Option<Instant>,
         options: &LockOptions,
-        wait: &mut Wait,
+        ticket: &Ticket,
     ) -> Result<Option<(FencingToken, Instant, GrantedBy)>> {
-        let mut attempt = wait.ticket.is_head();
+        let mut attempt = ticket.is_head();
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
         // releases nothing, so the head attempts then.
         let mut holder_expiry: Option<Instant> = None;
@@ -156,23 +153,18 @@ impl Locks {
             if attempt {
                 let sent = Instant::now();
                 // Only an owner that may stand in Redis' queue has an entry to take out when
-                // granted: one that attempted before or was named by a release.
-                let join = wait.queued_since.is_none() && !wait.ticket.named();
-                let queue = if join {
-                    JoinQueue::Join
-                } else {
-                    JoinQueue::Rejoin
-                };
-                // Before sending: if the reply is lost, leaving must still withdraw.
-                wait.queued_since.get_or_insert(sent);
+                // granted: one that attempted before or was named by a release. Marked before
+                // sending: if the reply is lost, leaving must still withdraw.
+                let queue = ticket.attempt(sent);
                 match self.attempt(keys, owner, lease, queue, deadline)? {
                     Acquire::Granted(token) => {
-                        // A release that named us while we attempted may have queued us: the
-                        // grant's release then takes the entry out.
-                        let queued = join && wait.ticket.named();
+                        // A release that named us while our first attempt was out may have
+                        // queued us: the grant's release then takes the entry out.
+                        let queued = ticket.named();
                         return Ok(Some((token, sent, GrantedBy::Attempt { queued })));
                     }
                     Acquire::Held(pttl) => {
+                        ticket.refused();
                         // A key without expiry was not set by fencelock; look again a lease later.
                         // Never later than a handoff's lease: the holder may meanwhile have
                         // handed the lock to a waiter ahead of us that died, whose grant runs out
@@ -185,17 +177,14 @@ impl Locks {
             }
             attempt = false;
             let until = deadline.into_iter().chain(holder_expiry).min();
-            match wait.ticket.wait(until, options.cancel.as_ref()) {
+            match ticket.wait(until, options.cancel.as_ref()) {
                 Waited::Woken(wakes) => {
                     for wake in wakes {
-                        if let Some(handed) = handed(wake, wait.since()) {
-                            return Ok(Some(handed));
-                        }
                         match wake {
-                            Wake::Granted { .. } => {}
+                            Wake::Granted { .. } => return Ok(handed(wake, ticket.since())),
                             Wake::Attempt => attempt = true,
                             Wake::Queued { retry_after, since } => {
-                                wait.queued_since.get_or_insert(since);
+                                ticket.queued(since);
                                 holder_expiry = Instant::now()
                                     .checked_add(retry_after + Duration::from_millis(1));
                             }
@@ -207,7 +196,7 @@ impl Locks {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Ok(None);
                     }
-                    attempt = wait.ticket.is_head();
+                    attempt = ticket.is_head();
                 }
             }
         }
@@ -399,23 +388,6 @@ fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Grant
             },
         )),
         _ => None,
-    }
-}
-
-/// A waiter's state between attempts.
-struct Wait {
-    ticket: Ticket,
-    /// When we first may have entered Redis' queue: our first attempt, or the release of ours
-    /// that queued us. `None`: we never did, unless a release named us (see `Ticket::leave`).
-    queued_since: Option<Instant>,
-    joined: Instant,
-}
-
-impl Wait {
-    /// No handoff from Redis' queue can have reached us before this. Never moved forward: a
-    /// handoff message can arrive late, after later attempts of ours.
-    fn since(&self) -> Instant {
-        self.queued_since.unwrap_or(self.joined)
     }
 }
 

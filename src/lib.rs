@@ -249,6 +249,8 @@
 )]
 
 mod acquire;
+#[cfg(test)]
+mod checked;
 mod client;
 mod config;
 mod connector;

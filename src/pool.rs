@@ -16,13 +16,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
 use redis::{ConnectionLike, RedisError, Value};
 
 use crate::connector::{Connector, Node};
 use crate::wire::{self, Interrupted};
 
 use crate::error::{Error, Result};
+
+mod combine;
+
+use combine::{Combiner, Turn};
 
 /// Which run of a call a [`Pool::run`] closure makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +75,8 @@ pub(crate) struct Pool {
     /// The last connection attempt or command failed to reach Redis, and nothing has succeeded
     /// since: see [`Pool::unreachable`].
     unreachable: AtomicBool,
-    combining: Mutex<Combining>,
+    /// Calls waiting to go out together (see [`Pool::combined`]).
+    combining: Combiner<Vec<u8>, Combined>,
 }
 
 /// The idle connections, and how many there are in all.
@@ -95,25 +99,6 @@ impl Shelf {
     fn slots(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// Calls waiting to go out together (see [`Pool::combined`]).
-#[derive(Default)]
-struct Combining {
-    calls: Vec<Call>,
-    /// A thread is sending a batch; the calls queued meanwhile go in the next.
-    busy: bool,
-}
-
-struct Call {
-    packed: Vec<u8>,
-    answer: Sender<Answer>,
-}
-
-enum Answer {
-    Reply(Combined),
-    /// Send the next batch: the calls queued now, this one first.
-    Lead,
 }
 
 /// How a combined call ended.
@@ -145,7 +130,7 @@ impl Pool {
             made: AtomicU64::new(0),
             stale_below: AtomicU64::new(0),
             unreachable: AtomicBool::new(false),
-            combining: Mutex::default(),
+            combining: Combiner::default(),
         }
     }
 
@@ -386,31 +371,18 @@ impl Pool {
     /// one connection: group commit. Redis reads and answers a batch in one system call each
     /// way, which under load costs it a fraction of separate calls. Alone, a call goes out at
     /// once. A thread sends at most one batch, its own call first, and passes the sending of
-    /// the calls queued meanwhile on to the first of them. Nothing is retried here.
+    /// the calls queued meanwhile on to the first of them. Nothing is retried here. Who sends
+    /// what is the [`Combiner`]'s bookkeeping; this is the connection's part.
     fn combined(&self, packed: Vec<u8>) -> Combined {
-        let (answer, answered) = crossbeam_channel::bounded(1);
-        let lead = {
-            let mut combining = self.combining();
-            combining.calls.push(Call { packed, answer });
-            !std::mem::replace(&mut combining.busy, true)
+        let mut batch = match self.combining.join(packed) {
+            // Not sent (its batch was dropped): the caller runs it alone.
+            Turn::Answered(reply) => return reply.unwrap_or(Combined::NotRun),
+            Turn::Lead(batch) => batch,
         };
-        if !lead {
-            match answered.recv() {
-                Ok(Answer::Reply(reply)) => return reply,
-                Ok(Answer::Lead) => {}
-                // The leader always answers before dropping a call.
-                Err(_) => return Combined::NotRun,
-            }
-        }
-        let mut batch = Batch {
-            pool: self,
-            calls: std::mem::take(&mut self.combining().calls),
-            passed_on: false,
-        };
-        let mut buf = Vec::with_capacity(batch.calls.iter().map(|c| c.packed.len()).sum());
-        let mut ends = Vec::with_capacity(batch.calls.len());
-        for call in &batch.calls {
-            buf.extend_from_slice(&call.packed);
+        let mut buf = Vec::with_capacity(batch.items().map(Vec::len).sum());
+        let mut ends = Vec::with_capacity(batch.items().len());
+        for packed in batch.items() {
+            buf.extend_from_slice(packed);
             ends.push(buf.len());
         }
         let sent = self.get().map(|mut conn| {
@@ -447,7 +419,7 @@ impl Pool {
                 })
                 .collect(),
         };
-        batch.answer(replies)
+        batch.answer(replies).unwrap_or(Combined::NotRun)
     }
 
     /// Marks a connection whose command timed out, so that it is discarded, notes whether Redis
@@ -464,62 +436,12 @@ impl Pool {
         result.map_err(Error::from_redis)
     }
 
-    fn combining(&self) -> MutexGuard<'_, Combining> {
-        self.combining
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Every connection made so far predates the break we just saw (`error`); none is worth a
     /// failed call.
     fn retire_all(&self, error: &RedisError) {
         self.connector.failed(self.node, error);
         let made = self.made.load(Ordering::Relaxed);
         self.stale_below.fetch_max(made, Ordering::Relaxed);
-    }
-}
-
-/// The calls of a batch being sent, its sender's own first. Dropped before it has answered them
-/// (a panic, say in a logger r2d2 calls), it still passes the sending on and answers each call,
-/// so that no thread waits forever.
-struct Batch<'a> {
-    pool: &'a Pool,
-    calls: Vec<Call>,
-    passed_on: bool,
-}
-
-impl Batch<'_> {
-    /// Hands the sending of the calls queued meanwhile to the first of them.
-    fn pass_on(&mut self) {
-        if std::mem::replace(&mut self.passed_on, true) {
-            return;
-        }
-        let mut combining = self.pool.combining();
-        match combining.calls.first() {
-            Some(next) => {
-                let _ = next.answer.send(Answer::Lead);
-            }
-            None => combining.busy = false,
-        }
-    }
-
-    /// Answers every call but the sender's, and returns the sender's reply.
-    fn answer(mut self, replies: Vec<Combined>) -> Combined {
-        let mut replies = replies.into_iter();
-        let mine = replies.next().unwrap_or(Combined::NotRun);
-        for (call, reply) in self.calls.drain(..).skip(1).zip(replies) {
-            let _ = call.answer.send(Answer::Reply(reply));
-        }
-        mine
-    }
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        self.pass_on();
-        for call in self.calls.drain(..).skip(1) {
-            let _ = call.answer.send(Answer::Reply(Combined::NotRun));
-        }
     }
 }
 

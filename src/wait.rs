@@ -16,20 +16,22 @@
 //! already its own takes it. Since a crashed holder releases nothing, the head also attempts
 //! when the holder's lease (as Redis reported it) runs out. A waiter that gives up leaves the
 //! queue in Redis, releasing the lock if a handoff reached it meanwhile.
+//!
+//! A waiter's state is one [`State`], from joining the local queue to leaving it; its variants
+//! are the rows of "A waiter's states" in docs/design.md, and its methods the moves between them.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
-#[cfg(not(test))]
-use std::sync::{atomic::AtomicBool, Mutex, MutexGuard};
 use std::sync::{Arc, PoisonError};
+#[cfg(not(test))]
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
-use checked::{AtomicBool, Mutex, MutexGuard};
+use crate::checked::{Mutex, MutexGuard};
 
 use crossbeam_channel::{Receiver, Select, Sender};
 
-use crate::scripts::HANDOFF_LEASE;
+use crate::scripts::{JoinQueue, HANDOFF_LEASE};
 use crate::token::FencingToken;
 
 /// Why a waiter was woken.
@@ -66,11 +68,31 @@ struct Slot {
     tx: Sender<Wake>,
     owner: String,
     lease: Duration,
-    /// Set when a release of this client may have put `owner` in Redis' queue: leaving without
-    /// a grant must then take it out again.
-    named: AtomicBool,
-    /// How the waiter left the queue; changed only under the queues' lock.
-    left: Mutex<Option<Left>>,
+    /// Where the waiter stands. Its own thread moves it between attempts; a release naming it, a
+    /// delivery and leaving hold the queues' lock too (taken first), so that a waiter still in
+    /// the queue has not left, and one that left is in no queue.
+    state: Mutex<State>,
+}
+
+/// A waiter's state from joining its key's local queue to leaving it: the rows of "A waiter's
+/// states" in docs/design.md, with the transitions as methods. Being the head is its place in
+/// the queue, not part of this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Nothing of it is in Redis: it has not attempted, and no release of its client named it.
+    Local,
+    /// Its first attempt, sent at `since`, is out. Refused, the script puts it in Redis' queue;
+    /// granted, it has no entry there.
+    Joining { since: Instant },
+    /// A release of its client named it as the next waiter, so it may stand in Redis' queue
+    /// from a moment it learns only from [`Wake::Queued`]. `since`: its first attempt, if one
+    /// was out when it was named; a grant of that attempt leaves the entry behind.
+    Named { since: Option<Instant> },
+    /// It may stand in Redis' queue, since `since`: its first attempt, or the release that put
+    /// it there, whichever came first. Each attempt takes the entry out if granted.
+    InRedisQueue { since: Instant },
+    /// It left the local queue.
+    Left(Left),
 }
 
 /// How a waiter left its queue.
@@ -80,6 +102,80 @@ pub(crate) enum Left {
     WithGrant,
     /// Without one: a handoff that reaches it later must be given back.
     WithoutGrant,
+}
+
+impl State {
+    /// The head attempts, sending at `sent`. Only its first attempt may join Redis' queue
+    /// without taking out an entry when granted: every other one may stand there already.
+    fn attempt(&mut self, sent: Instant) -> JoinQueue {
+        match *self {
+            State::Local => {
+                *self = State::Joining { since: sent };
+                JoinQueue::Join
+            }
+            State::Joining { since } | State::InRedisQueue { since } => {
+                *self = State::InRedisQueue { since };
+                JoinQueue::Rejoin
+            }
+            State::Named { since } => {
+                *self = State::InRedisQueue {
+                    since: since.unwrap_or(sent),
+                };
+                JoinQueue::Rejoin
+            }
+            // A waiter that left attempts no more.
+            State::Left(_) => JoinQueue::Rejoin,
+        }
+    }
+
+    /// Its attempt was refused: the script put it in Redis' queue.
+    fn refused(&mut self) {
+        if let State::Joining { since } | State::Named { since: Some(since) } = *self {
+            *self = State::InRedisQueue { since };
+        }
+    }
+
+    /// A release of its client names it as the next waiter.
+    fn name(&mut self) {
+        match *self {
+            State::Local => *self = State::Named { since: None },
+            State::Joining { since } => *self = State::Named { since: Some(since) },
+            // Its attempts take its entry out when granted, and a waiter that left is in no
+            // queue to be named from.
+            State::Named { .. } | State::InRedisQueue { .. } | State::Left(_) => {}
+        }
+    }
+
+    /// A release of its client put it in Redis' queue at `since` ([`Wake::Queued`]). The
+    /// earliest moment is kept: a handoff message can arrive after later attempts.
+    fn queued(&mut self, since: Instant) {
+        match *self {
+            State::Local | State::Named { since: None } => *self = State::InRedisQueue { since },
+            State::Joining { since } | State::Named { since: Some(since) } => {
+                *self = State::InRedisQueue { since };
+            }
+            State::InRedisQueue { .. } | State::Left(_) => {}
+        }
+    }
+
+    /// The earliest a handoff from Redis' queue can have been made to it, if known; otherwise
+    /// not before it joined the local queue.
+    fn since(&self) -> Option<Instant> {
+        match *self {
+            State::Joining { since }
+            | State::Named { since: Some(since) }
+            | State::InRedisQueue { since } => Some(since),
+            State::Local | State::Named { since: None } | State::Left(_) => None,
+        }
+    }
+
+    /// Whether its owner id may stand in Redis' queue: leaving without a grant must take it out.
+    fn in_redis_queue(&self) -> bool {
+        match self {
+            State::Joining { .. } | State::Named { .. } | State::InRedisQueue { .. } => true,
+            State::Local | State::Left(_) => false,
+        }
+    }
 }
 
 /// A waiter named in a release: the head of its key's queue at the time.
@@ -126,13 +222,14 @@ impl Waiters {
     /// Joins the queue of `tag` as `owner`, wanting `lease`; the returned ticket leaves the
     /// queue when dropped.
     pub(crate) fn join(self: &Arc<Self>, tag: &str, owner: &str, lease: Duration) -> Ticket {
+        // Before it is queued, where a release can name it.
+        let joined = Instant::now();
         let (tx, rx) = crossbeam_channel::unbounded();
         let slot = Arc::new(Slot {
             tx,
             owner: owner.to_owned(),
             lease,
-            named: AtomicBool::new(false),
-            left: Mutex::new(None),
+            state: Mutex::new(State::Local),
         });
         self.queues()
             .entry(tag.to_owned())
@@ -144,8 +241,7 @@ impl Waiters {
             tag: tag.to_owned(),
             slot,
             rx,
-            granted: false,
-            left: false,
+            joined,
         }
     }
 
@@ -154,7 +250,7 @@ impl Waiters {
         let queues = self.queues();
         let queue = queues.get(tag)?;
         let head = queue.slots.front()?;
-        head.named.store(true, Ordering::SeqCst);
+        lock_state(head).name();
         Some(Head {
             slot: Arc::clone(head),
         })
@@ -163,9 +259,9 @@ impl Waiters {
     /// Delivers `wake` to a waiter named in a release; how it left if it no longer waits.
     pub(crate) fn deliver_to(&self, next: &Head, wake: Wake) -> Result<(), Left> {
         let _queues = self.queues();
-        match *lock_left(&next.slot) {
-            Some(left) => Err(left),
-            None => {
+        match *lock_state(&next.slot) {
+            State::Left(left) => Err(left),
+            _ => {
                 let _ = next.slot.tx.send(wake);
                 Ok(())
             }
@@ -221,8 +317,8 @@ pub(crate) struct Ticket {
     tag: String,
     slot: Arc<Slot>,
     rx: Receiver<Wake>,
-    granted: bool,
-    left: bool,
+    /// No handoff can have reached it before this.
+    joined: Instant,
 }
 
 impl Ticket {
@@ -262,42 +358,67 @@ impl Ticket {
         }
     }
 
-    /// Whether a release has named this waiter (and so may have put it in Redis' queue).
+    /// Its state now.
+    pub(crate) fn state(&self) -> State {
+        *lock_state(&self.slot)
+    }
+
+    /// The head attempts, sending at `sent`: how the attempt joins Redis' queue. Called before
+    /// sending, so that leaving takes the entry out even if the reply is lost.
+    pub(crate) fn attempt(&self, sent: Instant) -> JoinQueue {
+        lock_state(&self.slot).attempt(sent)
+    }
+
+    /// Its attempt was refused: it stands in Redis' queue.
+    pub(crate) fn refused(&self) {
+        lock_state(&self.slot).refused();
+    }
+
+    /// A release of this client put it in Redis' queue at `since` ([`Wake::Queued`]).
+    pub(crate) fn queued(&self, since: Instant) {
+        lock_state(&self.slot).queued(since);
+    }
+
+    /// Whether a release of this client named it while it did not know itself in Redis' queue
+    /// (see [`State::Named`]): an attempt granted now may leave its entry there.
     pub(crate) fn named(&self) -> bool {
-        self.slot.named.load(Ordering::SeqCst)
+        matches!(self.state(), State::Named { .. })
+    }
+
+    /// The earliest a handoff from Redis' queue can have been made to it. Never moved forward:
+    /// a handoff message can arrive late, after later attempts.
+    pub(crate) fn since(&self) -> Instant {
+        self.state().since().unwrap_or(self.joined)
     }
 
     /// Leaves the queue as the winner. The next in line is not woken: our release hands the
     /// lock to it, and should we lose the lock instead, the loss wakes it (see `Grant`).
-    pub(crate) fn leave_granted(mut self) {
-        self.granted = true;
+    pub(crate) fn leave_granted(self) {
+        self.remove(Left::WithGrant);
     }
 
     /// Leaves the queue without a grant. Returns a grant that arrived meanwhile, if any (a
-    /// [`Wake::Granted`]), and whether a release of this client may have put us in Redis'
-    /// queue.
-    pub(crate) fn leave(mut self) -> (Option<Wake>, bool) {
-        self.remove();
+    /// [`Wake::Granted`]), and whether its owner id may stand in Redis' queue (it attempted, or
+    /// a release of this client named it).
+    pub(crate) fn leave(self) -> (Option<Wake>, bool) {
+        let was = self.remove(Left::WithoutGrant);
         // Nobody can send after the removal, so this sees every wake there will ever be.
         let granted = self
             .rx
             .try_iter()
             .find(|w| matches!(w, Wake::Granted { .. }));
-        (granted, self.slot.named.load(Ordering::SeqCst))
+        (granted, was.in_redis_queue())
     }
 
-    fn remove(&mut self) {
-        if std::mem::replace(&mut self.left, true) {
-            return;
-        }
+    /// Takes the waiter out of its queue, as `how` says; returns its state before.
+    fn remove(&self, how: Left) -> State {
         let mut queues = self.waiters.queues();
-        *lock_left(&self.slot) = Some(if self.granted {
-            Left::WithGrant
-        } else {
-            Left::WithoutGrant
-        });
+        let was = std::mem::replace(&mut *lock_state(&self.slot), State::Left(how));
+        if let State::Left(_) = was {
+            return was;
+        }
         let Some(queue) = queues.get_mut(&self.tag).map(|q| &mut q.slots) else {
-            return;
+            return was;
         };
         let was_head = queue.front().is_some_and(|h| Arc::ptr_eq(h, &self.slot));
         queue.retain(|s| !Arc::ptr_eq(s, &self.slot));
@@ -305,16 +426,17 @@ impl Ticket {
             None => {
                 queues.remove(&self.tag);
             }
-            Some(next) if was_head && !self.granted => {
+            Some(next) if was_head && how == Left::WithoutGrant => {
                 let _ = next.tx.send(Wake::Attempt);
             }
             Some(_) => {}
         }
+        was
     }
 }
 
-fn lock_left(slot: &Slot) -> MutexGuard<'_, Option<Left>> {
-    slot.left.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock_state(slot: &Slot) -> MutexGuard<'_, State> {
+    slot.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Only a panic unwinding through a wait drops a ticket without `leave` or `leave_granted`. A
@@ -322,13 +444,11 @@ fn lock_left(slot: &Slot) -> MutexGuard<'_, Option<Left>> {
 /// runs out with its lease, and the drop says so.
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if self.left {
+        let left = matches!(self.state(), State::Left(_));
+        if left {
             return;
         }
-        self.remove();
-        if self.granted {
-            return;
-        }
+        self.remove(Left::WithoutGrant);
         if let Some(Wake::Granted { token, .. }) = self
             .rx
             .try_iter()
@@ -339,108 +459,6 @@ impl Drop for Ticket {
                  the lock runs out with its lease",
                 self.tag
             );
-        }
-    }
-}
-
-/// What the queues lock with in the crate's unit tests: std's primitives, or Shuttle's when made
-/// inside a Shuttle execution, so that a model check (`tests::model`) controls and explores
-/// every interleaving of the queues' critical sections. Outside one, it is std's, as in a build.
-#[cfg(test)]
-mod checked {
-    use std::ops::{Deref, DerefMut};
-    use std::sync::atomic::Ordering;
-    use std::sync::{LockResult, PoisonError};
-
-    fn modelled() -> bool {
-        shuttle::current::try_get_current_task().is_some()
-    }
-
-    pub(super) enum Mutex<T> {
-        Std(std::sync::Mutex<T>),
-        Model(shuttle::sync::Mutex<T>),
-    }
-
-    pub(super) enum MutexGuard<'a, T> {
-        Std(std::sync::MutexGuard<'a, T>),
-        Model(shuttle::sync::MutexGuard<'a, T>),
-    }
-
-    impl<T> Mutex<T> {
-        pub(super) fn new(value: T) -> Self {
-            if modelled() {
-                Self::Model(shuttle::sync::Mutex::new(value))
-            } else {
-                Self::Std(std::sync::Mutex::new(value))
-            }
-        }
-
-        pub(super) fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
-            match self {
-                Self::Std(m) => m
-                    .lock()
-                    .map(MutexGuard::Std)
-                    .map_err(|e| PoisonError::new(MutexGuard::Std(e.into_inner()))),
-                Self::Model(m) => m
-                    .lock()
-                    .map(MutexGuard::Model)
-                    .map_err(|e| PoisonError::new(MutexGuard::Model(e.into_inner()))),
-            }
-        }
-    }
-
-    impl<T: Default> Default for Mutex<T> {
-        fn default() -> Self {
-            Self::new(T::default())
-        }
-    }
-
-    impl<T> Deref for MutexGuard<'_, T> {
-        type Target = T;
-
-        fn deref(&self) -> &T {
-            match self {
-                Self::Std(g) => g,
-                Self::Model(g) => g,
-            }
-        }
-    }
-
-    impl<T> DerefMut for MutexGuard<'_, T> {
-        fn deref_mut(&mut self) -> &mut T {
-            match self {
-                Self::Std(g) => g,
-                Self::Model(g) => g,
-            }
-        }
-    }
-
-    pub(super) enum AtomicBool {
-        Std(std::sync::atomic::AtomicBool),
-        Model(shuttle::sync::atomic::AtomicBool),
-    }
-
-    impl AtomicBool {
-        pub(super) fn new(value: bool) -> Self {
-            if modelled() {
-                Self::Model(shuttle::sync::atomic::AtomicBool::new(value))
-            } else {
-                Self::Std(std::sync::atomic::AtomicBool::new(value))
-            }
-        }
-
-        pub(super) fn load(&self, order: Ordering) -> bool {
-            match self {
-                Self::Std(a) => a.load(order),
-                Self::Model(a) => a.load(order),
-            }
-        }
-
-        pub(super) fn store(&self, value: bool, order: Ordering) {
-            match self {
-                Self::Std(a) => a.store(value, order),
-                Self::Model(a) => a.store(value, order),
-            }
         }
     }
 }
@@ -783,6 +801,171 @@ mod tests {
         assert_eq!(pending(&c), [Wake::Attempt]);
     }
 
+    /// The transitions of [`State`] alone, row by row of "A waiter's states".
+    mod state {
+        use super::*;
+
+        /// Two moments, the first earlier.
+        fn moments() -> (Instant, Instant) {
+            let t0 = Instant::now();
+            (t0, t0 + Duration::from_millis(1))
+        }
+
+        #[test]
+        fn a_first_attempt_joins_redis_queue_and_every_later_one_rejoins() {
+            let (t0, t1) = moments();
+            let mut state = State::Local;
+            assert_eq!(state.attempt(t0), JoinQueue::Join);
+            assert_eq!(state, State::Joining { since: t0 });
+            state.refused();
+            assert_eq!(state, State::InRedisQueue { since: t0 });
+            assert_eq!(state.attempt(t1), JoinQueue::Rejoin);
+            state.refused();
+            assert_eq!(
+                state,
+                State::InRedisQueue { since: t0 },
+                "never moved forward"
+            );
+        }
+
+        #[test]
+        fn a_waiter_named_before_attempting_rejoins_from_its_first_attempt() {
+            let (_, t1) = moments();
+            let mut state = State::Local;
+            state.name();
+            assert_eq!(state, State::Named { since: None });
+            assert_eq!(state.since(), None, "not known: when it joined");
+            assert_eq!(state.attempt(t1), JoinQueue::Rejoin);
+            assert_eq!(state, State::InRedisQueue { since: t1 });
+        }
+
+        #[test]
+        fn a_waiter_named_while_its_first_attempt_is_out_stays_named_until_it_hears() {
+            let (t0, t1) = moments();
+            let mut state = State::Local;
+            assert_eq!(state.attempt(t0), JoinQueue::Join);
+            state.name();
+            assert_eq!(state, State::Named { since: Some(t0) });
+            assert_eq!(state.since(), Some(t0));
+            let mut refused = state;
+            refused.refused();
+            assert_eq!(refused, State::InRedisQueue { since: t0 });
+            let mut queued = state;
+            queued.queued(t1);
+            assert_eq!(queued, State::InRedisQueue { since: t0 });
+        }
+
+        #[test]
+        fn naming_a_waiter_in_redis_queue_or_gone_changes_nothing() {
+            let (t0, _) = moments();
+            for state in [
+                State::Named { since: Some(t0) },
+                State::InRedisQueue { since: t0 },
+                State::Left(Left::WithGrant),
+                State::Left(Left::WithoutGrant),
+            ] {
+                let mut named = state;
+                named.name();
+                assert_eq!(named, state);
+            }
+        }
+
+        #[test]
+        fn being_queued_by_a_release_keeps_the_earliest_moment() {
+            let (t0, t1) = moments();
+            let cases = [
+                (State::Local, State::InRedisQueue { since: t1 }),
+                (
+                    State::Named { since: None },
+                    State::InRedisQueue { since: t1 },
+                ),
+                (
+                    State::Named { since: Some(t0) },
+                    State::InRedisQueue { since: t0 },
+                ),
+                (
+                    State::Joining { since: t0 },
+                    State::InRedisQueue { since: t0 },
+                ),
+                (
+                    State::InRedisQueue { since: t0 },
+                    State::InRedisQueue { since: t0 },
+                ),
+                (State::Left(Left::WithGrant), State::Left(Left::WithGrant)),
+            ];
+            for (before, after) in cases {
+                let mut state = before;
+                state.queued(t1);
+                assert_eq!(state, after, "from {before:?}");
+            }
+        }
+
+        #[test]
+        fn only_a_local_waiter_or_one_gone_has_nothing_in_redis_queue_to_undo() {
+            let (t0, _) = moments();
+            for (state, in_redis_queue) in [
+                (State::Local, false),
+                (State::Joining { since: t0 }, true),
+                (State::Named { since: None }, true),
+                (State::Named { since: Some(t0) }, true),
+                (State::InRedisQueue { since: t0 }, true),
+                (State::Left(Left::WithGrant), false),
+                (State::Left(Left::WithoutGrant), false),
+            ] {
+                assert_eq!(state.in_redis_queue(), in_redis_queue, "{state:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn leave_after_an_attempt_reports_the_waiter_in_redis_queue() {
+        let w = waiters();
+        let a = w.join(TAG, "a", LEASE);
+        assert_eq!(a.attempt(Instant::now()), JoinQueue::Join);
+        assert_eq!(a.leave(), (None, true));
+    }
+
+    #[test]
+    fn a_ticket_says_how_it_attempts_and_whether_a_naming_came_during_its_first_attempt() {
+        let w = waiters();
+        let a = w.join(TAG, "a", LEASE);
+        let b = w.join(TAG, "b", LEASE);
+        assert_eq!(a.attempt(Instant::now()), JoinQueue::Join);
+        assert!(!a.named());
+        let head = w.next(TAG).unwrap();
+        assert!(
+            a.named(),
+            "a grant of this attempt may leave an entry behind"
+        );
+        a.leave_granted();
+        assert_eq!(w.deliver_to(&head, granted(1)), Err(Left::WithGrant));
+
+        // Named before its first attempt: the attempt rejoins, and takes its entry out.
+        let head = w.next(TAG).unwrap();
+        assert_eq!(head.owner(), "b");
+        assert_eq!(b.attempt(Instant::now()), JoinQueue::Rejoin);
+        assert!(!b.named());
+        b.leave_granted();
+    }
+
+    #[test]
+    fn since_is_when_it_joined_until_it_attempts_or_a_release_queues_it() {
+        let w = waiters();
+        let before = Instant::now();
+        let a = w.join(TAG, "a", LEASE);
+        let joined = a.since();
+        assert!(joined >= before);
+        let _ = w.next(TAG);
+        assert_eq!(a.since(), joined, "named, but not told when it was queued");
+        let queued_at = joined + Duration::from_millis(5);
+        a.queued(queued_at);
+        assert_eq!(a.since(), queued_at);
+        assert_eq!(a.attempt(queued_at + LEASE), JoinQueue::Rejoin);
+        a.refused();
+        assert_eq!(a.since(), queued_at, "never moved forward");
+        assert_eq!(a.state(), State::InRedisQueue { since: queued_at });
+    }
+
     #[test]
     fn wait_returns_every_piled_up_wake_oldest_first() {
         let w = waiters();
@@ -1105,7 +1288,7 @@ mod tests {
     }
 
     /// The races above under Shuttle's exhaustive (DFS) scheduler: every interleaving of the
-    /// queues' mutexes and atomics, not just those the OS happens to produce. The channels are
+    /// queues' mutexes (`crate::checked`), not just those the OS happens to produce. The channels are
     /// crossbeam's and not modelled: their non-blocking operations (`send` on an unbounded
     /// channel, `try_iter`) run whole between two scheduling points, which is sound for a
     /// linearizable channel. Nothing here blocks on a channel, which Shuttle could not schedule.
@@ -1186,6 +1369,53 @@ mod tests {
                 assert_eq!(delivered, late.is_some());
                 assert!(keys(&w).is_empty());
             });
+        }
+
+        /// A release names the head while the head makes its first attempt. The release's
+        /// script runs after the naming, the attempt's after `attempt`; when the release's ran
+        /// first, it may have put the waiter in Redis' queue, and a grant of a first attempt
+        /// does not take that entry out: the waiter must know, whether it is granted (the
+        /// grant's release takes the entry out) or refused (its leaving does).
+        #[test]
+        fn a_naming_before_a_first_attempt_runs_is_never_forgotten() {
+            #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+            enum Ran {
+                Release,
+                Attempt,
+            }
+            for granted in [true, false] {
+                check(move || {
+                    let w = waiters();
+                    let a = w.join(TAG, "a", LEASE);
+                    let ran = Arc::new(Mutex::new(Vec::new()));
+                    let releaser = {
+                        let (w, ran) = (Arc::clone(&w), Arc::clone(&ran));
+                        thread::spawn(move || {
+                            let named = w.next(TAG).is_some();
+                            ran.lock().unwrap().push(Ran::Release);
+                            named
+                        })
+                    };
+                    let queue = a.attempt(Instant::now());
+                    ran.lock().unwrap().push(Ran::Attempt);
+                    let knows = if granted {
+                        let queued = a.named();
+                        a.leave_granted();
+                        queued
+                    } else {
+                        a.refused();
+                        a.leave().1
+                    };
+                    let named = releaser.join().unwrap();
+                    let release_first = ran.lock().unwrap().first() == Some(&Ran::Release);
+                    if named && release_first {
+                        assert!(
+                            queue == JoinQueue::Rejoin || knows,
+                            "a naming was forgotten: {queue:?}, granted: {granted}"
+                        );
+                    }
+                });
+            }
         }
 
         /// The head and the waiter behind it leave at once: the one left is woken exactly once,
