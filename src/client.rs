@@ -54,7 +54,7 @@ impl LockClient {
     /// A client with every setting at its default; the same as `LockClient::builder(url).build()`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the URL does not parse.
+    /// [`Error::InvalidArgument`] if the URL does not parse.
     pub fn new(url: impl Into<String>) -> Result<LockClient> {
         Self::builder(url).build()
     }
@@ -80,7 +80,7 @@ impl LockClient {
     /// check by thread is wrong once guards move. Nest on one thread with
     /// [`reentrant_lock`](LockClient::reentrant_lock) instead: its guard cannot leave the
     /// thread, so a plain `lock` of a key this thread holds through it fails at once with
-    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock).
+    /// [`Error::WouldDeadlock`].
     ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
@@ -96,9 +96,9 @@ impl LockClient {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty key or one longer
+    /// [`Error::InvalidArgument`] for an empty key or one longer
     /// than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
-    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) if this thread holds `key` through
+    /// [`Error::WouldDeadlock`] if this thread holds `key` through
     /// a [`ReentrantGuard`](crate::ReentrantGuard) of this client. Connection errors, timeouts
     /// and Redis errors end the wait rather than being retried forever.
     pub fn lock(&self, key: &str) -> Result<LockGuard> {
@@ -121,8 +121,8 @@ impl LockClient {
     /// off, a maximum hold time, a cancel channel.
     ///
     /// # Errors
-    /// As for [`lock`](LockClient::lock); also [`Error::Cancelled`](crate::Error::Cancelled) when the wait was cancelled,
-    /// and [`Error::InvalidArgument`](crate::Error::InvalidArgument) for options out of range.
+    /// As for [`lock`](LockClient::lock); also [`Error::Cancelled`] when the wait was cancelled,
+    /// and [`Error::InvalidArgument`] for options out of range.
     pub fn lock_with(&self, key: &str, options: &LockOptions) -> Result<LockGuard> {
         loop {
             if let Some(guard) = self.locks.acquire(key, None, options)? {
@@ -196,7 +196,7 @@ impl LockClient {
     /// # Errors
     /// `f`'s own error, after the lock was released (a failed release is then only logged).
     /// Otherwise fencelock's errors converted into `E`: as for [`lock`](LockClient::lock), and
-    /// [`Error::LockLost`](crate::Error::LockLost) if the lock was found lost when `f` returned:
+    /// [`Error::LockLost`] if the lock was found lost when `f` returned:
     /// `f` ran to the end, but possibly not alone, so its value is dropped.
     pub fn with_lock<T, E>(
         &self,
@@ -370,7 +370,7 @@ impl Builder {
     /// pub/sub connection. Connections are made lazily, so Redis need not be up yet.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the first setting that is out of range, or the URL if
+    /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if
     /// it does not parse as `redis://`, `redis+unix://` or `unix://`.
     pub fn build(self) -> Result<LockClient> {
         let (url, config) = self.into_parts();

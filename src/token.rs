@@ -54,7 +54,7 @@ impl FencingToken {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a token above `i64::MAX`,
+    /// [`Error::InvalidArgument`] for a token above `i64::MAX`,
     /// rather than `Option`, so that `?` reports it and a `None` cannot reach a query as a
     /// SQL `NULL`.
     pub fn as_i64(self) -> Result<i64> {
