@@ -111,8 +111,15 @@ impl LockClient {
     /// the pooled one turns out to be broken), and does not queue behind other threads of this
     /// client that are waiting for the key.
     ///
+    /// It returns within `timeout`, plus at most one connection attempt (the connection
+    /// timeout) if a connection must be made, whatever Redis does: a reply is awaited no later
+    /// than the deadline (at least 10 ms). A waiter that gives up leaves Redis' queue from the
+    /// client's background thread, just after this returns, so that its caller never waits for
+    /// Redis after the deadline.
+    ///
     /// # Errors
-    /// As for [`lock`](LockClient::lock).
+    /// As for [`lock`](LockClient::lock); [`Error::Timeout`] if the reply to an attempt did not
+    /// come by the deadline (the attempt is undone behind it, on its connection).
     pub fn try_lock(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard>> {
         self.try_lock_with(key, timeout, &LockOptions::new())
     }
