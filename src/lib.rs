@@ -177,7 +177,9 @@
 //! holder's fencing token, its remaining lease and how many clients wait ([`LockStatus`]).
 //! [`LockClient::force_unlock`] releases a lock whoever holds it and hands it to the next
 //! waiter; it breaks mutual exclusion until the old holder's next renewal, so only fencing keeps
-//! that holder's late writes out.
+//! that holder's late writes out. The `fencelock` command-line tool (the `cli` feature:
+//! `cargo install fencelock --features cli`) does both from a shell, and runs a command under a
+//! lock; see [cli.md].
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {
@@ -248,12 +250,14 @@
 //!   compare-and-set store.
 //! - [reliability.md]: the faults the test suite injects, and the soak's figures.
 //! - [benchmarks.md]: how to run the benchmarks, and the results.
+//! - [cli.md]: the `fencelock` command-line tool.
 //!
 //! [README]: https://github.com/fencelock/fencelock/blob/main/README.md
 //! [design.md]: https://github.com/fencelock/fencelock/blob/main/docs/design.md
 //! [fencing.md]: https://github.com/fencelock/fencelock/blob/main/docs/fencing.md
 //! [reliability.md]: https://github.com/fencelock/fencelock/blob/main/docs/reliability.md
 //! [benchmarks.md]: https://github.com/fencelock/fencelock/blob/main/docs/benchmarks.md
+//! [cli.md]: https://github.com/fencelock/fencelock/blob/main/docs/cli.md
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
