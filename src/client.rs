@@ -12,6 +12,7 @@ use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::locks::Locks;
 use crate::options::LockOptions;
+use crate::status::LockStatus;
 
 /// A handle to lock keys on one Redis server.
 ///
@@ -315,6 +316,73 @@ impl LockClient {
             Some(guard) => run_locked(guard, f).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// How the lock on `key` stands in Redis now: held or free, the holder's fencing token,
+    /// its remaining lease, and how many clients wait. Reads only: the lock is not taken, and
+    /// nothing in Redis changes.
+    ///
+    /// One round trip (a read-only script, so every part is read at the same moment), on the
+    /// client's pool. See [`LockStatus`] for what each part means, and when the token cannot be
+    /// told.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let guard = client.lock("report")?;
+    /// let status = client.status("report")?;
+    /// assert!(status.held);
+    /// assert_eq!(status.token, Some(guard.token()));
+    /// guard.unlock()?;
+    /// assert!(!client.status("report")?.held);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a key that
+    /// [`lock`](LockClient::lock) would refuse. Connection errors, timeouts and Redis errors
+    /// (a lock or fence key of the wrong type, a fence counter that holds no token).
+    pub fn status(&self, key: &str) -> Result<LockStatus> {
+        self.locks.status(key)
+    }
+
+    /// Releases the lock on `key` **whoever holds it**, and hands it to the next waiter in
+    /// Redis' queue as a release would (or frees it if nobody waits). Returns `true` if the
+    /// lock was held, `false` if it was free already. For operators: a holder that hung, a lock
+    /// you must take over now rather than when its lease runs out.
+    ///
+    /// # This breaks mutual exclusion
+    ///
+    /// The holder is not asked and not told. It keeps running and believes it holds the lock
+    /// until its next renewal (within a third of its lease) finds the lock gone or another's;
+    /// only then does its [`is_held`](crate::LockGuard::is_held) turn false and its
+    /// [`lost`](crate::LockGuard::lost) fire. Until then, it and the next holder both act under
+    /// the lock. What keeps the old holder's late writes out is **fencing**: the next grant's
+    /// token is higher (the fence counter is left alone, so tokens keep rising), and storage
+    /// that checks tokens refuses the old holder once the new one has written. Without such
+    /// storage, force a lock only once its holder is known dead or stopped.
+    ///
+    /// It is the lock-service counterpart of `parking_lot`'s `force_unlock`, which is `unsafe`
+    /// for the same reason.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// if client.force_unlock("nightly-export")? {
+    ///     println!("released; the old holder learns it at its next renewal");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a key that
+    /// [`lock`](LockClient::lock) would refuse. Connection errors and Redis errors. The call is
+    /// not repeated on a fresh connection when the connection breaks (a second run would take
+    /// the lock from the waiter the first one handed it to): after
+    /// [`Error::Connection`](crate::Error::Connection) or [`Error::Timeout`](crate::Error::Timeout)
+    /// its outcome is unknown; ask [`status`](LockClient::status).
+    pub fn force_unlock(&self, key: &str) -> Result<bool> {
+        self.locks.force_unlock(key)
     }
 
     /// The namespace this client's keys live under.

@@ -171,6 +171,27 @@
 //! on one thread, sharing one grant and token; a plain [`LockClient::lock`] of a key the thread
 //! holds that way returns [`Error::WouldDeadlock`].
 //!
+//! # Looking at a lock, and breaking it
+//!
+//! [`LockClient::status`] reads how a lock stands without taking it: held or free, the
+//! holder's fencing token, its remaining lease and how many clients wait ([`LockStatus`]).
+//! [`LockClient::force_unlock`] releases a lock whoever holds it and hands it to the next
+//! waiter; it breaks mutual exclusion until the old holder's next renewal, so only fencing keeps
+//! that holder's late writes out. The `fencelock` command-line tool (the `cli` feature:
+//! `cargo install fencelock --features cli`) does both from a shell, and runs a command under a
+//! lock; see [cli.md].
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+//! let status = client.status("nightly-export")?;
+//! if status.held && status.remaining_lease.is_none() {
+//!     // A lock key without expiry was set by hand: nothing will ever free it.
+//!     client.force_unlock("nightly-export")?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! # Guards that move between threads
 //!
 //! A [`LockGuard`] is `Send` and belongs to no thread: a thread pool can hand it from worker to
@@ -191,7 +212,8 @@
 //!   deadline passed, the release found it no longer ours); a release, or a waiter's leaving of
 //!   the queue, that failed (the lock then expires with its lease); a handoff that could not be
 //!   given back, or that reached a waiter as it was dropped (it expires with its lease); a
-//!   client whose Redis user may not subscribe to its release channel (ACL).
+//!   client whose Redis user may not subscribe to its release channel (ACL); a lock released
+//!   by [`LockClient::force_unlock`].
 //! - **debug**: grants and releases (key and token), a handoff that came too late to use,
 //!   renewal rounds that failed and are retried, the release channel reconnecting, release
 //!   messages ignored.
@@ -234,12 +256,14 @@
 //!   compare-and-set store.
 //! - [reliability.md]: the faults the test suite injects, and the soak's figures.
 //! - [benchmarks.md]: how to run the benchmarks, and the results.
+//! - [cli.md]: the `fencelock` command-line tool.
 //!
 //! [README]: https://github.com/fencelock/fencelock/blob/main/README.md
 //! [design.md]: https://github.com/fencelock/fencelock/blob/main/docs/design.md
 //! [fencing.md]: https://github.com/fencelock/fencelock/blob/main/docs/fencing.md
 //! [reliability.md]: https://github.com/fencelock/fencelock/blob/main/docs/reliability.md
 //! [benchmarks.md]: https://github.com/fencelock/fencelock/blob/main/docs/benchmarks.md
+//! [cli.md]: https://github.com/fencelock/fencelock/blob/main/docs/cli.md
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
@@ -267,6 +291,7 @@ mod reentrant;
 mod release;
 mod renewal;
 mod scripts;
+mod status;
 mod token;
 mod wait;
 mod wire;
@@ -279,6 +304,7 @@ pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
+pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;
 
 /// Re-exported so that `lost()` receivers can be used with `select!` without a direct

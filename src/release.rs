@@ -113,6 +113,22 @@ impl Locks {
         }
     }
 
+    /// Releases the lock on `key` whoever holds it, and hands it to the next waiter as a release
+    /// does; see [`LockClient::force_unlock`](crate::LockClient::force_unlock). Returns whether
+    /// the lock was held.
+    pub(crate) fn force_unlock(&self, key: &str) -> Result<bool> {
+        let mut keys = LockKeys::new(&self.config.namespace, key)?;
+        keys.set_idle_expiry(self.config.idle_expiry);
+        // This client's own waiters are served after Redis' queue, like any client's.
+        let (released, _) =
+            self.hand_over(&keys, &self.owner_prefix, Leaving::Forced, LOCAL_RUN)?;
+        let held = !matches!(released, Released::NotOurs);
+        if held {
+            log::warn!("fencelock: the lock on {key:?} was released by force");
+        }
+        Ok(held)
+    }
+
     /// Ends a grant in this process (no more renewal); returns whether it was held until now.
     fn stop(&self, grant: &Grant) -> bool {
         let was_held = grant.is_held();
@@ -217,14 +233,21 @@ impl Locks {
         });
         let sent = Instant::now();
         let mut reply_lost = false;
-        let released = self.pool.run_combined(
-            scripts::pack_release(keys, owner, leaving, next_ref),
-            |reply| scripts::released(reply, keys),
-            |con, run| {
-                reply_lost |= run == Run::Retry;
-                scripts::release(con, keys, owner, leaving, next_ref)
-            },
-        );
+        let released = if leaving == Leaving::Forced {
+            // Run once, never again on a fresh connection: a second run would take the lock
+            // from the waiter the first one handed it to.
+            self.pool
+                .run_once(|con| scripts::release(con, keys, owner, leaving, next_ref))
+        } else {
+            self.pool.run_combined(
+                scripts::pack_release(keys, owner, leaving, next_ref),
+                |reply| scripts::released(reply, keys),
+                |con, run| {
+                    reply_lost |= run == Run::Retry;
+                    scripts::release(con, keys, owner, leaving, next_ref)
+                },
+            )
+        };
         let released = match released {
             Ok(released) => released,
             Err(e) => {

@@ -1,4 +1,5 @@
-//! The three Lua scripts every lock operation runs, and their typed replies.
+//! The three Lua scripts every lock operation runs (acquire, extend, release), the read-only
+//! status script, and their typed replies.
 //!
 //! `grant.lua` holds what acquire and release share (minting a token, the queue of waiters) and
 //! is prepended to both.
@@ -31,6 +32,9 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("release.lua")
     ))
 });
+
+pub(crate) static STATUS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("status.lua")));
 
 /// The longest lease a release grants to a waiter of the key's queue in Redis (`HANDOFF_LEASE`
 /// in grant.lua): the waiter's first renewal or extend confirms its own lease, and a waiter that
@@ -249,6 +253,11 @@ pub(crate) enum Leaving {
     /// The key's queue in Redis first, then the lock if it is ours: a waiter giving up (a
     /// handoff may have reached it meanwhile), or a holder that may still stand in the queue.
     QueueAndLock,
+    /// The lock, whoever holds it (`LockClient::force_unlock`). The owner passed is the
+    /// caller's owner-id prefix: it names no grant, and tells the script which waiters are the
+    /// caller's own (they hear of a handoff from the caller, not by pub/sub). Not safe to
+    /// repeat: a second run would take the lock from the waiter the first one handed it to.
+    Forced,
 }
 
 /// Compare-and-delete, or compare-and-hand-over to the next waiter; see [`Leaving`].
@@ -273,6 +282,7 @@ pub(crate) fn pack_release(
     let withdraw = Arg::Str(match leaving {
         Leaving::Lock => "0",
         Leaving::QueueAndLock => "1",
+        Leaving::Forced => "2",
     });
     let idle = Arg::Int(keys.idle_ms());
     let mut buf = Vec::with_capacity(320);
@@ -320,6 +330,50 @@ pub(crate) fn released(reply: Value, keys: &LockKeys) -> RedisResult<Released> {
                 "unexpected reply from the release script",
             )))
         }
+    })
+}
+
+/// How a lock stands in Redis, as the status script read it in one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Status {
+    pub(crate) held: bool,
+    /// The fence counter while held: the holder's token. `None` when free, or when the counter
+    /// is gone.
+    pub(crate) token: Option<FencingToken>,
+    /// The lock key's remaining lease; `None` when free or without expiry.
+    pub(crate) pttl: Option<Duration>,
+    /// Live entries of the key's queue: waiting clients.
+    pub(crate) waiters: u64,
+}
+
+/// Runs the status script: reads only, so it is safe to repeat.
+pub(crate) fn status(con: &mut redis::Connection, keys: &LockKeys) -> RedisResult<Status> {
+    let [lock, fence, _queue, entries] = keys.all();
+    let mut buf = Vec::with_capacity(192);
+    evalsha(&mut buf, &STATUS, &[lock, fence, entries], &[]);
+    let (held, token_value, pttl, waiters): (i64, String, i64, u64) =
+        redis::from_redis_value(run(con, &STATUS, &buf)?)?;
+    let token = match token_value.as_str() {
+        "" => None,
+        digits => Some(token(parse_token(digits, keys)?, keys)?),
+    };
+    Ok(Status {
+        held: held == 1,
+        token,
+        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        waiters,
+    })
+}
+
+/// A counter's digits as an `i64` (what Redis counters are); anything else is reported as
+/// [`token`] reports a value that is not a positive integer.
+fn parse_token(digits: &str, keys: &LockKeys) -> RedisResult<i64> {
+    digits.parse().map_err(|_| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "fence counter is not a positive integer",
+            format!("{digits:?} at {}", keys.fence()),
+        ))
     })
 }
 

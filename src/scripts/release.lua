@@ -1,21 +1,25 @@
 -- release.lua: give up a lock we still own, handing it straight to the next waiter if there is
--- one (compare, then delete or re-grant). Also how a waiter that gives up leaves the queue.
--- (grant.lua is prepended: mint, grant, rearm, enqueue, dequeue.)
+-- one (compare, then delete or re-grant). Also how a waiter that gives up leaves the queue, and
+-- how an operator takes a lock from whoever holds it (forced). (grant.lua is prepended: mint,
+-- grant, rearm, enqueue, dequeue.)
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  fence key  the counter of grants (see mint in grant.lua)
 -- KEYS[3]  queue      LIST of waiting owner ids
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
--- ARGV[1]  owner id of the grant being released
+-- ARGV[1]  owner id of the grant being released; when forced, the caller's owner-id prefix
+--          ("<client id>:"), which names no grant and only tells the caller's waiters apart
 -- ARGV[2]  '1': ARGV[1] is a waiter giving up: leave the queue first, then release the lock if
---          a handoff reached us meanwhile; '0': a holder's release
+--          a handoff reached us meanwhile; '0': a holder's release; '2': forced: release the
+--          lock whoever holds it (the fence counter is left alone: a handoff mints above it)
 -- ARGV[3]  idle: ms the fence counter outlives the clock's passing it, re-armed by a handoff
 -- ARGV[4]  owner id of the caller's own next waiter for this key (absent: none)
 -- ARGV[5]  its lease in ms
 -- ARGV[6]  '1': grant ARGV[4] even if the queue has waiters (the caller bounds how often in a
 --          row it asks so); '0': the queue comes first
 --
--- Returns  {0}                         the key is gone or belongs to another owner; nothing changed
+-- Returns  {0}                         the key is gone or belongs to another owner (forced: the
+--                                      key is gone); nothing changed
 --          {1}                         deleted; nobody waits
 --          {2, token, owner, lease}    handed to `owner`: ARGV[4] if ARGV[6] says so, else the
 --                                      oldest live entry of the queue, else ARGV[4]. The new
@@ -36,7 +40,8 @@ local idle, next_owner, next_lease = ARGV[3], ARGV[4], ARGV[5]
 if ARGV[2] == '1' then
   dequeue(KEYS[3], KEYS[4], ARGV[1])
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == false or (holder ~= ARGV[1] and ARGV[2] ~= '2') then
   return {0}
 end
 if next_owner and ARGV[6] == '1' then
@@ -57,7 +62,7 @@ while true do
     redis.call('HDEL', KEYS[4], next)
   end
   local expiry, lease = string.match(entry or '', '^(%d+) (%d+)$')
-  if expiry and next ~= ARGV[1] then
+  if expiry and next ~= holder then
     now = now or now_ms()
     if tonumber(expiry) > now then
       -- The waiter may have died while queued: it has HANDOFF_LEASE to confirm the grant.

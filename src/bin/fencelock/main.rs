@@ -1,0 +1,358 @@
+//! `fencelock`: run a command under a distributed lock, look at a lock, break one.
+//!
+//! Built with the `cli` feature (`cargo install fencelock --features cli`), so that library
+//! users never build its dependencies. `docs/cli.md` is the user's guide; `fencelock --help`
+//! lists the exit statuses.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod format;
+mod run;
+mod signals;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fencelock::{FencingToken, LockClient, LockStatus};
+
+use crate::format::{human, json_string, parse_duration};
+
+const EXIT_STATUSES: &str = "\
+Exit statuses:
+  0       success (run: CMD exited with 0)
+  1       fencelock failed: Redis unreachable, refused the connection or replied with an error
+  2       bad command line: an unknown option, a bad duration, a key, namespace, URL or lease
+          that fencelock refuses
+  75      run: the lock was not granted within --timeout (EX_TEMPFAIL)
+  76      run: the lock was lost while CMD ran; CMD was sent SIGTERM (SIGKILL after --grace)
+  126     run: CMD could not be executed
+  127     run: CMD was not found
+  128+N   run: CMD was killed by signal N, or fencelock got signal N while waiting for the lock
+  other   run: CMD's own exit status";
+
+/// Run a command under a distributed lock on Redis, look at a lock, or break one.
+#[derive(Debug, Parser)]
+#[command(name = "fencelock", version, after_long_help = EXIT_STATUSES)]
+struct Cli {
+    /// The Redis server: redis://[user:password@]host:port/db or redis+unix:///path
+    #[arg(
+        long,
+        global = true,
+        display_order = 100,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379/"
+    )]
+    url: String,
+
+    /// Prefix of the lock keys in Redis; clients contend only within one namespace [default:
+    /// fencelock]
+    #[arg(long, global = true, display_order = 101, env = "FENCELOCK_NAMESPACE")]
+    namespace: Option<String>,
+
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Debug, Subcommand)]
+enum Commands {
+    /// Run CMD while holding the lock on KEY, and release it when CMD exits.
+    ///
+    /// CMD gets FENCELOCK_TOKEN (the grant's fencing token) and FENCELOCK_KEY in its
+    /// environment; pass the token to storage that checks it. fencelock exits with CMD's
+    /// status. SIGINT, SIGTERM and SIGHUP sent to fencelock are passed on to CMD (a terminal's
+    /// Ctrl-C reaches CMD directly and is not sent twice). If the lock is lost while CMD runs,
+    /// CMD gets SIGTERM, then SIGKILL after --grace, and fencelock exits with 76.
+    Run(RunArgs),
+    /// Show whether KEY is held, the holder's fencing token, its remaining lease and how many
+    /// clients wait.
+    Status {
+        /// Print one JSON object instead of text
+        #[arg(long)]
+        json: bool,
+        /// The lock's key
+        key: String,
+    },
+    /// Release the lock on KEY whoever holds it (only with --force).
+    ///
+    /// This breaks mutual exclusion: the holder keeps running until its next renewal (within a
+    /// third of its lease) tells it the lock is gone, and meanwhile the next waiter, which gets
+    /// the lock at once, runs too. Fencing tokens keep the old holder's late writes out of
+    /// storage that checks them; without such storage, force a lock only once its holder is dead
+    /// or stopped.
+    Release {
+        /// Required: releasing a lock someone else holds breaks mutual exclusion
+        #[arg(long, required = true)]
+        force: bool,
+        /// The lock's key
+        key: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// How long a grant lives in Redis without renewal; renewed about every third of it while
+    /// CMD runs, so it is how long others wait if fencelock dies [default: 30s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    lease: Option<Duration>,
+
+    /// Give up (exit 75) if the lock is not granted within DUR; 0s makes one attempt [default:
+    /// wait as long as it takes]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+
+    /// After the lock is lost and CMD was sent SIGTERM, how long to wait before SIGKILL
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    grace: Duration,
+
+    /// The lock's key
+    key: String,
+
+    /// The command to run and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let lease = match &cli.command {
+        Commands::Run(args) => args.lease,
+        _ => None,
+    };
+    let client = match client(&cli.url, cli.namespace.as_deref(), lease) {
+        Ok(client) => client,
+        Err(e) => return ExitCode::from(exit::report(&e)),
+    };
+    let code = match cli.command {
+        Commands::Run(args) => run::run(
+            &client,
+            &run::Run {
+                key: args.key,
+                timeout: args.timeout,
+                grace: args.grace,
+                command: args.command,
+            },
+        ),
+        Commands::Status { json, key } => status(&client, &key, json),
+        Commands::Release { force: _, key } => force_release(&client, &key),
+    };
+    ExitCode::from(code)
+}
+
+fn client(
+    url: &str,
+    namespace: Option<&str>,
+    lease: Option<Duration>,
+) -> fencelock::Result<LockClient> {
+    let mut builder = LockClient::builder(url);
+    if let Some(namespace) = namespace {
+        builder = builder.namespace(namespace);
+    }
+    if let Some(lease) = lease {
+        builder = builder.lease(lease);
+    }
+    builder.build()
+}
+
+fn status(client: &LockClient, key: &str, json: bool) -> u8 {
+    match client.status(key) {
+        Ok(status) if json => {
+            println!("{}", status_json(key, &Shown::from(&status)));
+            exit::OK
+        }
+        Ok(status) => {
+            print!("{}", status_text(key, &Shown::from(&status)));
+            exit::OK
+        }
+        Err(e) => exit::report(&e),
+    }
+}
+
+/// What `status` prints: a [`LockStatus`]'s parts (it is `#[non_exhaustive]`, so only the
+/// library makes one).
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    held: bool,
+    token: Option<FencingToken>,
+    remaining_lease: Option<Duration>,
+    waiters: u64,
+}
+
+impl From<&LockStatus> for Shown {
+    fn from(status: &LockStatus) -> Shown {
+        Shown {
+            held: status.held,
+            token: status.token,
+            remaining_lease: status.remaining_lease,
+            waiters: status.waiters,
+        }
+    }
+}
+
+/// One object: `key`, `held`, `token` (a number, or null), `remaining_lease_ms` (null when
+/// free or without expiry) and `waiters`.
+fn status_json(key: &str, status: &Shown) -> String {
+    let token = status
+        .token
+        .map_or_else(|| "null".to_owned(), |t| t.to_string());
+    let lease = status
+        .remaining_lease
+        .map_or_else(|| "null".to_owned(), |d| d.as_millis().to_string());
+    format!(
+        "{{\"key\":{},\"held\":{},\"token\":{token},\"remaining_lease_ms\":{lease},\"waiters\":{}}}",
+        json_string(key),
+        status.held,
+        status.waiters
+    )
+}
+
+fn status_text(key: &str, status: &Shown) -> String {
+    let mut lines = vec![format!("key      {key:?}")];
+    if status.held {
+        lines.push("state    held".to_owned());
+        lines.push(match status.token {
+            Some(token) => format!("token    {token}"),
+            None => "token    unknown (the fence counter is gone)".to_owned(),
+        });
+        lines.push(match status.remaining_lease {
+            Some(left) => format!("lease    {} left", human(left)),
+            None => "lease    no expiry (set by hand?)".to_owned(),
+        });
+    } else {
+        lines.push("state    free".to_owned());
+    }
+    lines.push(format!("waiters  {}", status.waiters));
+    lines.join("\n") + "\n"
+}
+
+fn force_release(client: &LockClient, key: &str) -> u8 {
+    match client.force_unlock(key) {
+        Ok(true) => {
+            println!("released {key:?}; its holder learns it at its next renewal");
+            exit::OK
+        }
+        Ok(false) => {
+            println!("{key:?} was not held");
+            exit::OK
+        }
+        Err(e) => exit::report(&e),
+    }
+}
+
+/// fencelock's exit statuses (see `EXIT_STATUSES`).
+mod exit {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    pub(crate) const OK: u8 = 0;
+    pub(crate) const ERROR: u8 = 1;
+    pub(crate) const USAGE: u8 = 2;
+    /// EX_TEMPFAIL of sysexits.h: try again later.
+    pub(crate) const TEMPFAIL: u8 = 75;
+    pub(crate) const LOST: u8 = 76;
+    pub(crate) const CANNOT_EXECUTE: u8 = 126;
+    pub(crate) const NOT_FOUND: u8 = 127;
+
+    /// Prints a library error and returns its exit status: a refused argument is the command
+    /// line's fault, anything else fencelock's.
+    pub(crate) fn report(e: &fencelock::Error) -> u8 {
+        eprintln!("fencelock: {e}");
+        if e.is_invalid_argument() {
+            USAGE
+        } else {
+            ERROR
+        }
+    }
+
+    /// 128 + N for signal N, as shells report it.
+    pub(crate) fn by_signal(signal: libc::c_int) -> u8 {
+        u8::try_from(128 + signal).unwrap_or(u8::MAX)
+    }
+
+    /// CMD's exit status as fencelock's: its code, or 128 + N if signal N killed it.
+    pub(crate) fn of(status: ExitStatus) -> u8 {
+        match (status.code(), status.signal()) {
+            // Exit codes are 0 to 255 on Unix.
+            (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(ERROR),
+            (None, Some(signal)) => by_signal(signal),
+            (None, None) => ERROR,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_its_command_after_a_double_dash() {
+        let cli = Cli::try_parse_from([
+            "fencelock",
+            "--namespace",
+            "ops",
+            "run",
+            "--timeout",
+            "500ms",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .unwrap();
+        assert_eq!(cli.namespace.as_deref(), Some("ops"));
+        let Commands::Run(args) = cli.command else {
+            panic!("not run: {cli:?}");
+        };
+        assert_eq!(args.key, "job");
+        assert_eq!(args.timeout, Some(Duration::from_millis(500)));
+        assert_eq!(args.grace, Duration::from_secs(10));
+        assert_eq!(args.command, ["sh", "-c", "exit 3"]);
+
+        for bad in [
+            &["fencelock", "run", "job"][..],
+            &["fencelock", "run", "job", "sh"],
+            &["fencelock", "run", "--timeout", "5", "job", "--", "sh"],
+            &["fencelock", "release", "job"],
+        ] {
+            let err = Cli::try_parse_from(bad).unwrap_err();
+            assert_eq!(err.exit_code(), i32::from(exit::USAGE), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn status_reads_as_text_and_as_json() {
+        let status = |held, token: Option<u64>, lease: Option<u64>, waiters| Shown {
+            held,
+            token: token.map(Into::into),
+            remaining_lease: lease.map(Duration::from_millis),
+            waiters,
+        };
+        let held = status(true, Some(1_800_000_000_000_042), Some(2_950), 2);
+        assert_eq!(
+            status_json("a\"b", &held),
+            r#"{"key":"a\"b","held":true,"token":1800000000000042,"remaining_lease_ms":2950,"waiters":2}"#
+        );
+        assert_eq!(
+            status_text("job", &held),
+            "key      \"job\"\nstate    held\ntoken    1800000000000042\nlease    2.9s left\nwaiters  2\n"
+        );
+        let free = status(false, None, None, 0);
+        assert_eq!(
+            status_json("job", &free),
+            r#"{"key":"job","held":false,"token":null,"remaining_lease_ms":null,"waiters":0}"#
+        );
+        assert_eq!(
+            status_text("job", &free),
+            "key      \"job\"\nstate    free\nwaiters  0\n"
+        );
+    }
+}
