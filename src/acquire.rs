@@ -116,20 +116,23 @@ impl Locks {
         if !in_redis_queue {
             return found.map(|_| Round::Deadline);
         }
-        let past_deadline = matches!(&found, Ok(None));
-        if past_deadline || matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable()
-        {
-            // The caller's time is up, or Redis did not answer: leaving here could wait for
-            // Redis past the caller's timeout. Until the background thread gets through, a lock
-            // handed to us meanwhile stays held until its lease runs out (it hands it on if it
-            // is still ours).
+        if matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable() {
+            // Redis did not answer: leaving here would wait for it again, past the caller's
+            // timeout. Until the background thread gets through, a lock handed to us meanwhile
+            // stays held until its lease runs out (it hands it on if it is still ours).
             self.leave_later(keys);
             return found.map(|_| Round::Deadline);
         }
         // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
-        // passed on. On failure, the entry expires by itself.
-        if let Err(e) = self.hand_over(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN) {
-            log::warn!("fencelock: leaving the queue of {key:?} failed: {e}");
+        // passed on. Past a deadline, Redis gets a little while to answer (it may have stopped
+        // while we waited); then the background thread tries again, so that a process that exits
+        // right after a try_lock rarely leaves its entry behind, and its caller never waits long.
+        let until = deadline.is_some().then(|| Instant::now() + LEAVE_PATIENCE);
+        match self.hand_over_until(&keys, owner, Leaving::QueueAndLock, LOCAL_RUN, until) {
+            Ok(_) => {}
+            Err(e) if until.is_some() && e.is_connection() => self.leave_later(keys),
+            // On failure, the entry expires by itself.
+            Err(e) => log::warn!("fencelock: leaving the queue of {key:?} failed: {e}"),
         }
         found.map(|_| Round::Deadline)
     }
@@ -352,6 +355,10 @@ impl Locks {
         LockGuard::new(Arc::clone(self), grant)
     }
 }
+
+/// How long a waiter past its deadline waits for Redis to take it out of its queue before it
+/// leaves that to the background thread.
+const LEAVE_PATIENCE: Duration = Duration::from_millis(50);
 
 /// How one round of waiting ended.
 enum Round {

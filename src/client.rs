@@ -114,9 +114,9 @@ impl LockClient {
     ///
     /// It returns within `timeout`, plus at most one connection attempt (the connection
     /// timeout) if a connection must be made, whatever Redis does: a reply is awaited no later
-    /// than the deadline (at least 10 ms). A waiter that gives up leaves Redis' queue from the
-    /// client's background thread, just after this returns, so that its caller never waits for
-    /// Redis after the deadline.
+    /// than the deadline (at least 10 ms). A waiter that gives up takes itself out of Redis'
+    /// queue before it returns, giving Redis 50 ms to answer; if it does not, the client's
+    /// background thread does it, so that the caller does not wait for a Redis that stopped.
     ///
     /// # Errors
     /// As for [`lock`](LockClient::lock); [`Error::Timeout`] if the reply to an attempt did not

@@ -196,16 +196,29 @@ impl Locks {
         leaving: Leaving,
         local_run: u32,
     ) -> Result<(Released, bool)> {
+        self.hand_over_until(keys, owner, leaving, local_run, None)
+    }
+
+    /// [`hand_over`](Locks::hand_over) whose replies are awaited no later than `until` (see
+    /// [`Pool::run_until`](crate::pool::Pool::run_until)); sent alone, not with other unlocks.
+    pub(crate) fn hand_over_until(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        leaving: Leaving,
+        local_run: u32,
+        until: Option<Instant>,
+    ) -> Result<(Released, bool)> {
         // Each later run gives back a handoff to a waiter of ours that left before hearing of
         // it, or takes such a waiter out of Redis' queue, in its name; those serve Redis' queue
         // first. One that fails leaves the handoff to expire with its waiter's lease.
         let mut runs = Vec::new();
-        let first = self.release_once(keys, owner, leaving, local_run, &mut runs)?;
+        let first = self.release_once(keys, owner, leaving, local_run, until, &mut runs)?;
         for _ in 1..MAX_HANDOVERS {
             let Some((owner, leaving, local_run)) = runs.pop() else {
                 break;
             };
-            if let Err(e) = self.release_once(keys, &owner, leaving, local_run, &mut runs) {
+            if let Err(e) = self.release_once(keys, &owner, leaving, local_run, until, &mut runs) {
                 log::warn!("fencelock: giving back a handoff failed: {e}");
                 break;
             }
@@ -221,6 +234,7 @@ impl Locks {
         owner: &str,
         leaving: Leaving,
         local_run: u32,
+        until: Option<Instant>,
         runs: &mut Vec<(String, Leaving, u32)>,
     ) -> Result<(Released, bool)> {
         let next = self.waiters.next(keys.tag());
@@ -238,6 +252,11 @@ impl Locks {
             // from the waiter the first one handed it to.
             self.pool
                 .run_once(|con| scripts::release(con, keys, owner, leaving, next_ref))
+        } else if until.is_some() {
+            self.pool.run_until(until, |con, run| {
+                reply_lost |= run == Run::Retry;
+                scripts::release(con, keys, owner, leaving, next_ref)
+            })
         } else {
             self.pool.run_combined(
                 scripts::pack_release(keys, owner, leaving, next_ref),
