@@ -22,6 +22,7 @@ use crate::grant::{Grant, NewGrant};
 use crate::guard::LockGuard;
 use crate::key::LockKeys;
 use crate::locks::Locks;
+use crate::metrics::{self, How, Since};
 use crate::options::LockOptions;
 use crate::pool::{Run, MIN_READ};
 use crate::reentrant;
@@ -54,6 +55,16 @@ impl Locks {
         key: &str,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
+        let (called, result) = (Since::now(), self.acquire_once_timed(key, options));
+        metrics::acquired(&self.config.namespace, called, &result);
+        result
+    }
+
+    fn acquire_once_timed(
+        self: &Arc<Self>,
+        key: &str,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
         let mut keys = self.prepare(key, options)?;
         self.new_owner(&mut keys);
         let lease = options.lease.unwrap_or(self.config.lease);
@@ -73,6 +84,17 @@ impl Locks {
     /// Waits in the key's local queue until granted, `deadline`, or cancelled: at its head it
     /// attempts when woken, and takes a lock handed to it by a release.
     pub(crate) fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        deadline: Option<Instant>,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let (called, result) = (Since::now(), self.acquire_timed(key, deadline, options));
+        metrics::acquired(&self.config.namespace, called, &result);
+        result
+    }
+
+    fn acquire_timed(
         self: &Arc<Self>,
         key: &str,
         deadline: Option<Instant>,
@@ -219,9 +241,13 @@ impl Locks {
         options: &LockOptions,
         granted_by: GrantedBy,
     ) -> Result<Round> {
-        let (granted, local_run, queued) = match granted_by {
-            GrantedBy::Attempt { queued } => (lease, 0, queued),
-            GrantedBy::Handoff { granted, local_run } => (granted, local_run, false),
+        let (granted, local_run, queued, how) = match granted_by {
+            GrantedBy::Attempt { queued } => (lease, 0, queued, How::Attempt),
+            GrantedBy::Handoff {
+                granted,
+                local_run,
+                how,
+            } => (granted, local_run, false, how),
         };
         let acks = self.config.replica_acks;
         // A lease capped for the handoff needs a renewal to reach the lease asked for: confirm it
@@ -286,7 +312,10 @@ impl Locks {
                     required: acks.replicas,
                 })
             }
-            _ => Ok(Round::Granted(guard)),
+            _ => {
+                metrics::granted(&self.config.namespace, how);
+                Ok(Round::Granted(guard))
+            }
         }
     }
 
@@ -374,7 +403,11 @@ enum GrantedBy {
     /// Its own attempt; `queued` if it may still stand in Redis' queue all the same.
     Attempt { queued: bool },
     /// A release handed it over, setting the lease to `granted`; see `Grant::local_run`.
-    Handoff { granted: Duration, local_run: u32 },
+    Handoff {
+        granted: Duration,
+        local_run: u32,
+        how: How,
+    },
 }
 
 /// The grant a wake carries, if it is one: its token, the earliest its lease can have started
@@ -392,6 +425,12 @@ fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Grant
             GrantedBy::Handoff {
                 granted: lease,
                 local_run,
+                // Only a release of this client knows when it was sent.
+                how: if since.is_some() {
+                    How::LocalHandoff
+                } else {
+                    How::RemoteHandoff
+                },
             },
         )),
         _ => None,

@@ -180,6 +180,26 @@ impl Error {
         matches!(self, Error::Redis(_))
     }
 
+    /// The variant as a metrics label: `connection`, `timeout`, `lock_lost`, ... (docs/metrics.md
+    /// lists them).
+    // Only the metrics read it.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidArgument { .. } => "invalid_argument",
+            Error::LockLost { .. } => "lock_lost",
+            Error::PoolExhausted { .. } => "pool_exhausted",
+            Error::Connection(_) => "connection",
+            Error::Rejected(_) => "rejected",
+            Error::Timeout(_) => "timeout",
+            Error::StaleToken { .. } => "stale_token",
+            Error::WouldDeadlock { .. } => "would_deadlock",
+            Error::Cancelled => "cancelled",
+            Error::NotReplicated { .. } => "not_replicated",
+            Error::Redis(_) => "redis",
+        }
+    }
+
     pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Error {
         Error::InvalidArgument {
             what,
@@ -213,16 +233,73 @@ impl Error {
     }
 
     pub(crate) fn from_redis(e: redis::RedisError) -> Error {
+        match RedisKind::of(&e) {
+            RedisKind::Timeout => Error::Timeout(Box::new(e)),
+            RedisKind::Connection => Error::Connection(Box::new(e)),
+            RedisKind::Rejected => Error::Rejected(Box::new(e)),
+            RedisKind::Reply => Error::Redis(Box::new(e)),
+        }
+    }
+}
+
+/// Which [`Error`] a command's `redis::RedisError` becomes.
+enum RedisKind {
+    Timeout,
+    Connection,
+    Rejected,
+    Reply,
+}
+
+impl RedisKind {
+    fn of(e: &redis::RedisError) -> RedisKind {
         if e.is_timeout() {
-            Error::Timeout(Box::new(e))
+            RedisKind::Timeout
         } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-            Error::Connection(Box::new(e))
+            RedisKind::Connection
         } else if e.code() == Some("NOAUTH") {
             // A URL without the password the server asks for: the set-up succeeded, every
             // command fails.
-            Error::Rejected(Box::new(e))
+            RedisKind::Rejected
         } else {
-            Error::Redis(Box::new(e))
+            RedisKind::Reply
         }
+    }
+}
+
+/// [`Error::kind`] of the error a command's `e` becomes, without making it: for errors that
+/// stay inside fencelock (the renewal thread's).
+// Only the metrics read it.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn kind_of_redis(e: &redis::RedisError) -> &'static str {
+    match RedisKind::of(e) {
+        RedisKind::Timeout => "timeout",
+        RedisKind::Connection => "connection",
+        RedisKind::Rejected => "rejected",
+        RedisKind::Reply => "redis",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_error_kept_inside_is_labelled_as_the_error_it_would_become() {
+        for kind in [
+            std::io::ErrorKind::TimedOut,
+            std::io::ErrorKind::WouldBlock,
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            let e = || redis::RedisError::from(std::io::Error::from(kind));
+            assert_eq!(
+                kind_of_redis(&e()),
+                Error::from_redis(e()).kind(),
+                "{kind:?}"
+            );
+        }
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(kind_of_redis(&refused().into()), "connection");
     }
 }

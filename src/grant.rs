@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::key::LockKeys;
+use crate::metrics::{self, Since};
 use crate::token::FencingToken;
 use crate::wait::Waiters;
 
@@ -27,6 +28,8 @@ pub(crate) struct Grant {
     /// ahead of other clients' waiters, this grant's included (see `wait::LOCAL_RUN`). It travels
     /// with the lock, not with the key's local queue, which empties between turns.
     pub(crate) local_run: u32,
+    /// When the guard was made, for the hold time (`metrics`).
+    pub(crate) granted_at: Since,
     /// What the round trips that confirmed the lease (the grant, renewals, extends) tell.
     lease: Mutex<Lease>,
     lost: AtomicBool,
@@ -145,6 +148,7 @@ impl Grant {
             renew_until: max_hold.and_then(|d| sent.checked_add(d)),
             queued,
             local_run,
+            granted_at: Since::now(),
             lease: Mutex::new(Lease {
                 sent,
                 lease: granted,
@@ -245,6 +249,7 @@ impl Grant {
         if self.lost.swap(true, Ordering::AcqRel) {
             return false;
         }
+        metrics::lost(&self.keys);
         if !self.ended.load(Ordering::Acquire) {
             log::warn!(
                 "fencelock: lost the lock on {:?} (token {}): {why}",

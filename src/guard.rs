@@ -7,6 +7,7 @@ use crossbeam_channel::Receiver;
 use crate::error::Result;
 use crate::grant::Grant;
 use crate::locks::Locks;
+use crate::metrics::{self, Op};
 use crate::options::validate_lease;
 use crate::token::FencingToken;
 
@@ -115,8 +116,9 @@ impl LockGuard {
     /// any network call; [`Error::LockLost`](crate::Error::LockLost) if the lock is no longer
     /// ours; connection errors and timeouts as for any command.
     pub fn extend(&self, lease: Duration) -> Result<()> {
-        validate_lease(lease)?;
-        self.locks.extend(&self.grant, lease)
+        let extended = validate_lease(lease).and_then(|()| self.locks.extend(&self.grant, lease));
+        metrics::outcome(self.grant.keys.namespace(), Op::Extend, &extended);
+        extended
     }
 
     /// Releases the lock now, and waits for Redis to confirm it.

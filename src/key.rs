@@ -99,6 +99,15 @@ impl LockKeys {
         self.part(1)
     }
 
+    /// The client's namespace, as the Redis keys start with it.
+    // Only the metrics read it.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn namespace(&self) -> &str {
+        let lock = self.lock();
+        // The lock key is `<namespace>:lock:{<tag>}`; the namespace may hold `:` itself.
+        &lock[..lock.len() - self.tag().len() - ":lock:{}".len()]
+    }
+
     /// `<namespace>:lock:{<tag>}`: the owner id of the current grant, with the lease as TTL.
     pub(crate) fn lock(&self) -> &str {
         self.part(2)
@@ -192,6 +201,16 @@ mod tests {
         let open = key.find('{').map(|i| i + 1).unwrap_or(0);
         let close = key[open..].find('}').map(|i| open + i).unwrap_or(key.len());
         &key[open..close]
+    }
+
+    #[test]
+    fn the_namespace_reads_back_whatever_the_key_and_namespace_hold() {
+        for namespace in ["ns", "a:b", "x:lock:", "a.b-c_d"] {
+            for key in ["a", "{", "}", ":lock:{", "a}b{c", "%7D", "ключ"] {
+                let k = LockKeys::new(namespace, key).unwrap();
+                assert_eq!(k.namespace(), namespace, "{namespace:?} {key:?}");
+            }
+        }
     }
 
     #[test]

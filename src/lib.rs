@@ -221,6 +221,28 @@
 //! Nothing is logged at error, info or trace: failures a caller can see are returned to it as
 //! [`Error`], not logged. Owner ids never appear above debug.
 //!
+//! # Metrics
+//!
+//! With the `metrics` cargo feature, fencelock records counters and histograms through the
+//! [`metrics`](https://docs.rs/metrics) facade, into whichever recorder or exporter the program
+//! installs (install it before building clients, so that they describe their metrics to it):
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `fencelock_grants_total` | counter | `how` | grants: own attempt, or handoff |
+//! | `fencelock_wait_seconds` | histogram | | from a lock call to its grant |
+//! | `fencelock_lock_timeouts_total` | counter | | `try_lock` calls that returned `None` |
+//! | `fencelock_hold_seconds` | histogram | | from a grant to its release |
+//! | `fencelock_handoffs_total` | counter | `to` | releases that handed the lock over |
+//! | `fencelock_renewals_total` | counter | | leases renewed |
+//! | `fencelock_renewal_round_trip_seconds` | histogram | | one renewal pipeline |
+//! | `fencelock_losses_total` | counter | | locks lost while held |
+//! | `fencelock_errors_total` | counter | `op`, `kind` | errors: `kind="connection"`, ... |
+//!
+//! Every series carries the client's `namespace` as a label; lock keys never become labels.
+//! Without the feature nothing is recorded and nothing is paid.
+//! [metrics.md] says exactly what each one counts, and what recording costs.
+//!
 //! # Errors
 //!
 //! Every fallible call returns [`Error`]; bad input (an empty key, a zero lease, a zero pool
@@ -257,6 +279,7 @@
 //! - [reliability.md]: the faults the test suite injects, and the soak's figures.
 //! - [benchmarks.md]: how to run the benchmarks, and the results.
 //! - [cli.md]: the `fencelock` command-line tool.
+//! - [metrics.md]: the metrics of the `metrics` feature.
 //!
 //! [README]: https://github.com/fencelock/fencelock/blob/main/README.md
 //! [design.md]: https://github.com/fencelock/fencelock/blob/main/docs/design.md
@@ -264,6 +287,7 @@
 //! [reliability.md]: https://github.com/fencelock/fencelock/blob/main/docs/reliability.md
 //! [benchmarks.md]: https://github.com/fencelock/fencelock/blob/main/docs/benchmarks.md
 //! [cli.md]: https://github.com/fencelock/fencelock/blob/main/docs/cli.md
+//! [metrics.md]: https://github.com/fencelock/fencelock/blob/main/docs/metrics.md
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
@@ -285,6 +309,7 @@ mod guard;
 mod key;
 mod listener;
 mod locks;
+mod metrics;
 mod options;
 mod pool;
 mod reentrant;

@@ -52,6 +52,7 @@ impl Locks {
     /// Starts a client's threads (the release channel's listener and renewal) and its pool.
     pub(crate) fn start(connector: Arc<Connector>, config: Config) -> Result<Arc<Locks>> {
         let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
+        crate::metrics::describe();
         let waiters = Arc::new(Waiters::default());
         // One random id per client, a counter per lock call: owner ids never repeat, cost no
         // system call each, and name the channel on which handoffs to this client come.

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::key::LockKeys;
 use crate::locks::Locks;
+use crate::metrics::{self, Op};
 use crate::pool::Run;
 use crate::scripts::{self, Leaving, OwnNext, Released};
 use crate::wait::{Left, Wake, LOCAL_RUN};
@@ -132,6 +133,7 @@ impl Locks {
     /// Ends a grant in this process (no more renewal); returns whether it was held until now.
     fn stop(&self, grant: &Grant) -> bool {
         let was_held = grant.is_held();
+        metrics::held(&grant.keys, grant.granted_at);
         grant.end();
         self.renewal.forget(grant.id);
         was_held
@@ -153,6 +155,7 @@ impl Locks {
             Ok(found) => found,
             Err(e) => {
                 log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
+                metrics::failed(grant.keys.namespace(), Op::Unlock, &e);
                 return Err(e);
             }
         };
@@ -178,9 +181,11 @@ impl Locks {
                         grant.token
                     );
                 }
-                Err(Error::LockLost {
+                let lost = Error::LockLost {
                     key: user.to_owned(),
-                })
+                };
+                metrics::failed(grant.keys.namespace(), Op::Unlock, &lost);
+                Err(lost)
             }
         }
     }
@@ -275,6 +280,7 @@ impl Locks {
                 return Err(e);
             }
         };
+        metrics::released(keys, &released, |to| to.starts_with(&self.owner_prefix));
         match (&released, next) {
             (
                 Released::HandedOver {

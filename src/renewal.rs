@@ -30,6 +30,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::connector::{Connector, Node};
 use crate::grant::Grant;
+use crate::metrics;
 use crate::scripts;
 use crate::wire::Interrupted;
 
@@ -260,6 +261,7 @@ impl Renewer {
         let replies = match self.extend_all(node, &batch, &leases) {
             Ok(replies) => replies,
             Err(e) => {
+                metrics::renewal_failed(&batch[0].keys, &e);
                 log::debug!(
                     "fencelock: renewing {} lease(s) failed, retrying: {e}",
                     batch.len()
@@ -270,16 +272,18 @@ impl Renewer {
                 return;
             }
         };
+        let (now, first) = (Instant::now(), Arc::clone(&batch[0]));
+        let mut renewed = 0;
         let replies = replies.into_iter().map(|reply| match reply {
             Some(Ok(reply)) => Reply::from(&scripts::extended(reply)),
             Some(Err(e)) => Reply::Refused(e.to_string()),
             // A signal interrupted the read of it.
             None => Reply::Unknown,
         });
-        report(
-            self.schedule
-                .settle(batch, leases, replies, sent, Instant::now()),
-        );
+        let replies =
+            replies.inspect(|reply| renewed += u64::from(matches!(reply, Reply::Extended)));
+        report(self.schedule.settle(batch, leases, replies, sent, now));
+        metrics::renewed(&first.keys, now - sent, renewed);
     }
 
     /// An explicit extend. A connection failure is only reported: the grant stays tracked, and

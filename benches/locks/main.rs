@@ -64,6 +64,7 @@
 //! | `LEASES` | 4 | renewal: how many lease periods the locks are held |
 //! | `RTT` | 10000 | samples of each round-trip baseline |
 //! | `IK` | 10000 | idle: keys locked once each |
+//! | `RECORDER` | 0 | 1: with `--features metrics`, record into `metrics-util`'s `DebuggingRecorder` (never read) rather than the facade's no-op |
 //!
 //! How things are measured is told where it is done:
 //!
@@ -116,6 +117,29 @@ fn machine() -> String {
     format!("{cpus} CPUs, {model}")
 }
 
+/// Installs the recorder `RECORDER` asks for; says what the lock calls record into.
+fn metrics_recorder(p: &Params) -> &'static str {
+    match (cfg!(feature = "metrics"), p.recorder) {
+        (false, false) => "feature off",
+        (false, true) => panic!("RECORDER=1 needs --features metrics"),
+        (true, false) => "feature on, no recorder installed (the facade's no-op)",
+        (true, true) => {
+            install_recorder();
+            "feature on, recorded by metrics-util's DebuggingRecorder"
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn install_recorder() {
+    metrics_util::debugging::DebuggingRecorder::new()
+        .install()
+        .expect("the only recorder");
+}
+
+#[cfg(not(feature = "metrics"))]
+fn install_recorder() {}
+
 fn main() {
     let p = Params::parse();
     let started = Instant::now();
@@ -126,6 +150,7 @@ fn main() {
         "fencelock benchmarks: {}; redis-server {version}",
         machine()
     );
+    println!("metrics: {}", metrics_recorder(&p));
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();
     println!("load average at start: {}", load.join(" "));

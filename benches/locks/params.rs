@@ -22,6 +22,7 @@ pub struct Params {
     pub renew_leases: u32,
     pub rtt_samples: usize,
     pub idle_keys: u64,
+    pub recorder: bool,
 }
 
 impl Params {
@@ -73,6 +74,7 @@ impl Params {
             renew_leases: get("LEASES", 4).max(1) as u32,
             rtt_samples: get("RTT", 10_000).max(100) as usize,
             idle_keys: get("IK", 10_000).max(1),
+            recorder: get("RECORDER", 0) != 0,
         }
     }
 
