@@ -158,8 +158,8 @@ impl Drop for LockGuard {
             self.locks.release_later(Arc::clone(&self.grant));
             return;
         }
-        // Failures are logged by release(); a guard dropped during a panic must not panic again.
-        let _ = self.locks.release(&self.grant);
+        // Failures are logged; a guard dropped during a panic must not panic again.
+        self.locks.release_or_later(&self.grant);
     }
 }
 

@@ -75,6 +75,9 @@ pub(crate) struct Pool {
     /// The last connection attempt or command failed to reach Redis, and nothing has succeeded
     /// since: see [`Pool::unreachable`].
     unreachable: AtomicBool,
+    /// Batches of combined calls that got no reply (timed out, broke): a call that waited
+    /// behind one is not sent (see [`Unsent`]).
+    batch_failures: AtomicU64,
     /// Calls waiting to go out together (see [`Pool::combined`]).
     combining: Combiner<Vec<u8>, Combined>,
 }
@@ -110,6 +113,30 @@ enum Combined {
     NoConnection(Error),
     /// Refused unrun (NOSCRIPT): to be run alone, which loads the script.
     NotRun,
+    /// Not sent: the batch ahead of it got no reply while it waited (see [`Unsent`]).
+    Unsent,
+}
+
+/// The cause of an [`Error::Connection`] for a call that was not sent because the batch of calls
+/// sent just before it got no reply: Redis stopped answering. Sending it anyway would wait for
+/// the response timeout once more.
+#[derive(Debug)]
+pub(crate) struct Unsent;
+
+impl std::fmt::Display for Unsent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("not sent: the calls sent just before it got no reply from redis")
+    }
+}
+
+impl std::error::Error for Unsent {}
+
+/// Whether `e` is a call that was never sent because Redis had just stopped answering.
+pub(crate) fn unsent(e: &Error) -> bool {
+    match e {
+        Error::Connection(cause) => cause.is::<Unsent>(),
+        _ => false,
+    }
 }
 
 impl Pool {
@@ -130,6 +157,7 @@ impl Pool {
             made: AtomicU64::new(0),
             stale_below: AtomicU64::new(0),
             unreachable: AtomicBool::new(false),
+            batch_failures: AtomicU64::new(0),
             combining: Combiner::default(),
         }
     }
@@ -364,6 +392,7 @@ impl Pool {
             Combined::Failed(_) => self.run_from(f, Run::Retry, None),
             Combined::NoConnection(e) => Err(e),
             Combined::NotRun => self.run_from(f, Run::First, None),
+            Combined::Unsent => Err(Error::Connection(Box::new(Unsent))),
         }
     }
 
@@ -374,11 +403,19 @@ impl Pool {
     /// the calls queued meanwhile on to the first of them. Nothing is retried here. Who sends
     /// what is the [`Combiner`]'s bookkeeping; this is the connection's part.
     fn combined(&self, packed: Vec<u8>) -> Combined {
+        let failures = self.batch_failures.load(Ordering::Relaxed);
         let mut batch = match self.combining.join(packed) {
             // Not sent (its batch was dropped): the caller runs it alone.
             Turn::Answered(reply) => return reply.unwrap_or(Combined::NotRun),
             Turn::Lead(batch) => batch,
         };
+        if self.batch_failures.load(Ordering::Relaxed) != failures {
+            // The batch ahead of ours got no reply while we waited: Redis stopped answering,
+            // and ours would wait for the response timeout once more.
+            batch.pass_on();
+            let unsent: Vec<Combined> = batch.items().map(|_| Combined::Unsent).collect();
+            return batch.answer(unsent).unwrap_or(Combined::Unsent);
+        }
         let mut buf = Vec::with_capacity(batch.items().map(Vec::len).sum());
         let mut ends = Vec::with_capacity(batch.items().len());
         for packed in batch.items() {
@@ -390,12 +427,13 @@ impl Pool {
                 wire::exchange_partial(&mut conn.con, &buf, &ends, Interrupted::LeaveUnanswered);
             // Replies of the batch may be left unread: the connection is not to be reused.
             conn.timed_out = failed.is_some();
-            self.unreachable.store(
-                failed
-                    .as_ref()
-                    .is_some_and(|e| e.is_io_error() || e.is_timeout()),
-                Ordering::Relaxed,
-            );
+            let missed = failed
+                .as_ref()
+                .is_some_and(|e| e.is_io_error() || e.is_timeout());
+            self.unreachable.store(missed, Ordering::Relaxed);
+            if missed {
+                self.batch_failures.fetch_add(1, Ordering::Relaxed);
+            }
             if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
                 self.retire_all(e);
             }

@@ -18,7 +18,7 @@ use crate::grant::Grant;
 use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::metrics::{self, Op};
-use crate::pool::Run;
+use crate::pool::{self, Run};
 use crate::scripts::{self, Leaving, OwnNext, Released};
 use crate::wait::{Left, Wake, LOCAL_RUN};
 
@@ -61,6 +61,21 @@ impl Locks {
         self.later(Work::Release { grant, was_held });
     }
 
+    /// [`release`](Locks::release) for a guard's drop: a release that was not sent because Redis
+    /// had just stopped answering (see [`Unsent`](crate::pool::Unsent)) goes to the background
+    /// thread instead of waiting for Redis once more.
+    pub(crate) fn release_or_later(self: &Arc<Self>, grant: &Arc<Grant>) {
+        let was_held = self.stop(grant);
+        if let Err(e) = self.give_back(grant, was_held) {
+            if pool::unsent(&e) {
+                self.later(Work::Release {
+                    grant: Arc::clone(grant),
+                    was_held,
+                });
+            }
+        }
+    }
+
     /// Gives up a waiter's place in Redis' queue (and a lock handed to it meanwhile) from a
     /// background thread; see [`release_later`](Locks::release_later).
     pub(crate) fn leave_later(self: &Arc<Self>, keys: LockKeys) {
@@ -99,7 +114,14 @@ impl Locks {
         match work {
             // Failures are logged where they happen.
             Work::Release { grant, was_held } => {
-                let _ = self.give_back(&grant, was_held);
+                if let Err(e) = self.give_back(&grant, was_held) {
+                    if pool::unsent(&e) {
+                        log::warn!(
+                            "fencelock: releasing {:?} failed, it expires with its lease: {e}",
+                            grant.keys.user()
+                        );
+                    }
+                }
             }
             Work::Leave { keys } => {
                 if let Err(e) =
@@ -153,6 +175,11 @@ impl Locks {
             grant.local_run,
         ) {
             Ok(found) => found,
+            Err(e) if pool::unsent(&e) => {
+                log::debug!("fencelock: releasing {user:?} was not sent: {e}");
+                metrics::failed(grant.keys.namespace(), Op::Unlock, &e);
+                return Err(e);
+            }
             Err(e) => {
                 log::warn!("fencelock: releasing {user:?} failed, it expires with its lease: {e}");
                 metrics::failed(grant.keys.namespace(), Op::Unlock, &e);
