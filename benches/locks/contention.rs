@@ -19,7 +19,7 @@ use crate::report::{fmt_d, section, Report};
 use crate::server::{client, command_calls, RedisServer};
 use crate::stats::pct;
 
-trait Locker: Send + 'static {
+pub trait Locker: Send + 'static {
     type Held;
     fn acquire(&mut self, key: &str) -> Self::Held;
     fn release(&mut self, key: &str, held: Self::Held);
@@ -45,14 +45,14 @@ impl Locker for Baseline {
     }
 }
 
-struct Contention {
+pub struct Contention {
     elapsed: Duration,
     /// Grants within the run.
     acquisitions: u64,
     waits: Vec<Duration>,
     per_thread: Vec<u64>,
     held: Duration,
-    overlaps: u64,
+    pub overlaps: u64,
     /// EVALSHA and SET calls Redis saw during the run (all clients of the run).
     evalsha: u64,
     set: u64,
@@ -60,7 +60,7 @@ struct Contention {
     threads: String,
 }
 
-fn run_contention<L: Locker>(
+pub fn run_contention<L: Locker>(
     server: &RedisServer,
     lockers: Vec<L>,
     key: &str,
@@ -160,7 +160,7 @@ fn run_contention<L: Locker>(
 }
 
 impl Contention {
-    fn rate(&self) -> f64 {
+    pub fn rate(&self) -> f64 {
         self.acquisitions as f64 / self.elapsed.as_secs_f64()
     }
     fn utilization(&self) -> f64 {

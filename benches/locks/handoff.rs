@@ -16,7 +16,7 @@ use crate::stats::{jitter, pct, sorted};
 
 /// Waits until Redis has run `command` more than `before` times: the waiter's first attempt
 /// was made (so it will be woken by the release), whatever the scheduler did meanwhile.
-fn wait_for_attempt(stats: &mut redis::Connection, command: &str, before: u64) {
+pub fn wait_for_attempt(stats: &mut redis::Connection, command: &str, before: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while command_calls(stats, command) <= before {
         assert!(Instant::now() < deadline, "the waiter never attempted");

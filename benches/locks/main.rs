@@ -1,7 +1,7 @@
 //! fencelock benchmarks: round trips, handoff, contention, a thread pool, renewal at scale.
 //!
 //! ```text
-//! cargo bench --bench locks                       # everything (about 80 s)
+//! cargo bench --bench locks                       # everything (about 2.5 min)
 //! cargo bench --bench locks -- handoff            # only benchmarks whose name contains "handoff"
 //! cargo bench --bench locks -- contention T=8 W_US=0
 //! BENCH_T=8 BENCH_D_MS=2000 cargo bench --bench locks -- contention
@@ -37,7 +37,13 @@
 //!   time of the renewal thread, client heap per held lock;
 //! - `idle`: IK keys locked once each, on servers of their own: keys and Redis memory per key
 //!   right after, once the idle expiry (1 s here) has passed, and with the counters kept for
-//!   ever as they were before they expired.
+//!   ever as they were before they expired;
+//! - `pg`: fencelock against PostgreSQL advisory locks (`DATABASE_URL`, default
+//!   `postgres://postgres@127.0.0.1:5432/test`; skipped if unreachable), in turns, `PG_ROUNDS`
+//!   rounds: handoff to a waiter in another process (this binary run again as a child), lock +
+//!   unlock from one thread, and T threads with S and W; each against its own system's round trip.
+//!   Also the pieces of fencelock's cross-process handoff, and a CDF of both handoffs written to
+//!   `docs/benchmarks-pg-handoff.svg`.
 //!
 //! The baseline is the common hand-written lock: `SET key owner NX PX 30000`, on failure
 //! sleep 100 ms and retry; release by a compare-and-delete script.
@@ -65,6 +71,7 @@
 //! | `RTT` | 10000 | samples of each round-trip baseline |
 //! | `IK` | 10000 | idle: keys locked once each |
 //! | `RECORDER` | 0 | 1: with `--features metrics`, record into `metrics-util`'s `DebuggingRecorder` (never read) rather than the facade's no-op |
+//! | `PG_ROUNDS` | 3 | pg: rounds of fencelock then PostgreSQL (H handoffs, U lock + unlock, D_MS of contention each) |
 //!
 //! How things are measured is told where it is done:
 //!
@@ -76,7 +83,7 @@
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
 //! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
-//!   `idle`, and `baseline` (the hand-written lock they compare with).
+//!   `idle`, `pg`, and `baseline` (the hand-written lock they compare with).
 
 mod baseline;
 mod contention;
@@ -84,6 +91,7 @@ mod handoff;
 mod idle;
 mod measure;
 mod params;
+mod pg;
 mod pool;
 mod proxy;
 mod renewal;
@@ -141,6 +149,10 @@ fn install_recorder() {
 fn install_recorder() {}
 
 fn main() {
+    // A child process of the `pg` benchmark: a waiter or subscriber in another process.
+    if pg::run_role() {
+        return;
+    }
     let p = Params::parse();
     let started = Instant::now();
     let server = RedisServer::start();
@@ -173,6 +185,9 @@ fn main() {
     }
     if p.selected("idle") {
         idle::run(&p, &mut r);
+    }
+    if p.selected("pg") {
+        pg::run(&server, &p, &mut r);
     }
     rtt::run_again(&server, &p, &mut r);
 

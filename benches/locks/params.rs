@@ -23,6 +23,7 @@ pub struct Params {
     pub rtt_samples: usize,
     pub idle_keys: u64,
     pub recorder: bool,
+    pub pg_rounds: usize,
 }
 
 impl Params {
@@ -75,6 +76,7 @@ impl Params {
             rtt_samples: get("RTT", 10_000).max(100) as usize,
             idle_keys: get("IK", 10_000).max(1),
             recorder: get("RECORDER", 0) != 0,
+            pg_rounds: get("PG_ROUNDS", 3).max(1) as usize,
         }
     }
 

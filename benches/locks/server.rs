@@ -9,7 +9,7 @@ use fencelock::{Builder, LockClient};
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-pub use support::{command_calls, RedisServer};
+pub use support::{command_calls, Child, RedisServer};
 
 /// The no-op script whose EVALSHA round trip is the unit of every ratio.
 pub const NOOP: &str = "return 1";
