@@ -446,10 +446,12 @@ impl Builder {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if
-    /// it does not parse as `redis://`, `redis+unix://` or `unix://`.
+    /// it does not parse as `redis://`, `redis+unix://` or `unix://` (or `rediss://`, with the
+    /// `tls` feature), or TLS settings that do not parse or were given for a URL that is not
+    /// `rediss://`.
     pub fn build(self) -> Result<LockClient> {
-        let (url, config) = self.into_parts();
-        let connector = Arc::new(Connector::open(&url)?);
+        let (url, config, tls) = self.into_parts();
+        let connector = Arc::new(Connector::open(&url, &tls)?);
         config.validate()?;
         Ok(LockClient {
             locks: Locks::start(connector, config)?,

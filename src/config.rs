@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 use crate::key::validate_namespace;
 use crate::options::validate_lease;
 use crate::scripts::ReplicaAcks;
+use crate::tls::TlsSettings;
 
 /// Largest pool accepted by [`Builder::pool_size`].
 pub const MAX_POOL_SIZE: u32 = 1024;
@@ -37,6 +38,7 @@ pub const MAX_IDLE_EXPIRY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 6
 pub struct Builder {
     url: String,
     config: Config,
+    tls: TlsSettings,
 }
 
 /// The validated settings of one client.
@@ -64,6 +66,7 @@ impl Builder {
                 replica_acks: None,
                 idle_expiry: DEFAULT_IDLE_EXPIRY,
             },
+            tls: TlsSettings::default(),
         }
     }
 
@@ -159,9 +162,79 @@ impl Builder {
         self
     }
 
+    /// Trusts the certificate authorities in `pem` for a `rediss://` URL, instead of the default
+    /// roots: for a Redis whose certificate a private CA signed. Requires the `tls` feature.
+    ///
+    /// `pem` holds one or more PEM `CERTIFICATE` blocks (other blocks are skipped): the bytes
+    /// of a file such as the one given to the server as `tls-ca-cert-file`. Only these CAs are
+    /// trusted; the default roots (the platform's certificate store, or the bundled Mozilla roots
+    /// with the `tls-webpki-roots` feature) are not consulted. A second call replaces the first.
+    ///
+    /// Every connection checks that the server's certificate chains up to one of them, is
+    /// within its validity period, and names the URL's host (a DNS name or IP address among its
+    /// subject alternative names); a server that fails this is reported as [`Error::Rejected`]
+    /// by the call that tried to connect, at once. [`build`](Builder::build) reports PEM without a
+    /// certificate, or with one that does not parse, and a URL that is not `rediss://`, as
+    /// [`Error::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fencelock::LockClient;
+    ///
+    /// let client = LockClient::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Builder {
+        self.tls.set_roots(pem.into());
+        self
+    }
+
+    /// Presents `certificate_chain` to a server that asks for a client certificate (mutual TLS,
+    /// as Redis does by default with `tls-auth-clients yes`), proving it with `private_key`.
+    /// Requires the `tls` feature.
+    ///
+    /// `certificate_chain` is PEM, the client's own certificate first, then any intermediates;
+    /// `private_key` is one unencrypted PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC). A
+    /// second call replaces the first. [`build`](Builder::build) reports a chain without a
+    /// certificate, a missing or encrypted key, a key that does not belong to the certificate,
+    /// and a URL that is not `rediss://`, as [`Error::InvalidArgument`]. A server that does not
+    /// accept the certificate is reported as [`Error::Rejected`]. The key is never shown in
+    /// `Debug` output.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fencelock::LockClient;
+    ///
+    /// let client = LockClient::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+    ///     .tls_client_certificate(
+    ///         std::fs::read("/etc/orders/tls/client.crt")?,
+    ///         std::fs::read("/etc/orders/tls/client.key")?,
+    ///     )
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_chain: impl Into<Vec<u8>>,
+        private_key: impl Into<Vec<u8>>,
+    ) -> Builder {
+        self.tls
+            .set_identity(certificate_chain.into(), private_key.into());
+        self
+    }
+
     /// The URL and the settings, for [`build`](Builder::build).
-    pub(crate) fn into_parts(self) -> (String, Config) {
-        (self.url, self.config)
+    pub(crate) fn into_parts(self) -> (String, Config, TlsSettings) {
+        (self.url, self.config, self.tls)
     }
 }
 
@@ -170,6 +243,7 @@ impl std::fmt::Debug for Builder {
         // No URL: it may carry a password.
         f.debug_struct("Builder")
             .field("config", &self.config)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }

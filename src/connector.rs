@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
+use crate::tls::TlsSettings;
 
 /// Names one Redis server of the deployment among those a client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,14 +36,16 @@ enum Shape {
 }
 
 impl Connector {
-    /// A connector for the server at `url` (`redis://`, `redis+unix://` or `unix://`). Parses
+    /// A connector for the server at `url` (`redis://`, `redis+unix://` or `unix://`, and
+    /// `rediss://` with the `tls` feature), with `tls` for a `rediss://` URL. Parses and checks
     /// only: nothing is connected until a connection is asked for.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the URL does not parse.
-    pub(crate) fn open(url: &str) -> Result<Connector> {
+    /// [`Error::InvalidArgument`] if the URL does not parse, or the TLS settings do not (or were
+    /// given for a URL that is not `rediss://`).
+    pub(crate) fn open(url: &str, tls: &TlsSettings) -> Result<Connector> {
         Ok(Connector {
-            shape: Shape::Single(client(url)?),
+            shape: Shape::Single(client(url, tls)?),
         })
     }
 
@@ -109,7 +112,8 @@ impl Connector {
 /// A client for `url`, with Nagle's algorithm off on its connections. redis-rs leaves it on,
 /// and then a pipeline that spans several TCP segments (a renewal batch) can wait for a delayed
 /// ACK: batches of a few hundred extends took 100-400 ms on loopback, long enough to lose leases.
-fn client(url: &str) -> Result<redis::Client> {
+/// redis-rs applies these TCP settings to the socket under a TLS stream too.
+fn client(url: &str, tls: &TlsSettings) -> Result<redis::Client> {
     let parsed = redis::Client::open(url);
     if parsed.is_err() {
         // Say what is wrong, where redis-rs says only that the URL did not parse.
@@ -126,12 +130,46 @@ fn client(url: &str) -> Result<redis::Client> {
     };
     let info = parsed.map_err(invalid)?.get_connection_info().clone();
     let tcp = info.tcp_settings().clone().set_nodelay(true);
-    redis::Client::open(info.set_tcp_settings(tcp)).map_err(invalid)
+    let info = info.set_tcp_settings(tcp);
+    if let redis::ConnectionAddr::TcpTls { host, insecure, .. } = info.addr() {
+        if *insecure {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{}: certificate checks cannot be turned off (`#insecure`); trust the \
+                     server's CA with tls_root_certificates instead",
+                    shown(url)
+                ),
+            ));
+        }
+        crate::tls::check_server_name(host).map_err(|why| Error::invalid("url", why))?;
+        return crate::tls::client(info, tls);
+    }
+    if tls.is_set() {
+        return Err(Error::invalid(
+            "url",
+            format!(
+                "TLS settings were given, but {} is not a rediss:// URL: its connections would \
+                 not be encrypted",
+                shown(url)
+            ),
+        ));
+    }
+    redis::Client::open(info).map_err(invalid)
 }
 
 /// The URL forms a client accepts, for error messages.
+#[cfg(not(feature = "tls"))]
 const FORMS: &str = "expected redis://[[user]:password@]host[:port][/db], \
                      redis+unix:///path/to/socket[?db=N] or unix:///path/to/socket";
+#[cfg(feature = "tls")]
+const FORMS: &str = "expected redis://[[user]:password@]host[:port][/db], \
+                     rediss://[[user]:password@]host[:port][/db] (TLS), \
+                     redis+unix:///path/to/socket[?db=N] or unix:///path/to/socket";
+
+/// Why a `rediss://` URL is refused without the `tls` feature.
+pub(crate) const TLS_IS_OFF: &str =
+    "TLS (rediss://) is off: build with the `tls` feature (features = [\"tls\"] in Cargo.toml)";
 
 /// Says what is wrong with a URL that redis-rs' parser refused (it says only that the URL did
 /// not parse). `Ok` if nothing here explains it.
@@ -150,7 +188,16 @@ fn check_url(url: &str) -> Result<()> {
     match scheme {
         "redis" => {}
         "redis+unix" | "unix" => return Ok(()),
-        "rediss" => return wrong("TLS (rediss://) is not supported yet".into()),
+        // redis-rs takes a fragment for a switch, and knows only `#insecure`.
+        "rediss" if cfg!(feature = "tls") && url.contains('#') => {
+            return wrong(format!(
+                "{} has a fragment; certificate checks cannot be turned off: trust the \
+                 server's CA with tls_root_certificates instead",
+                shown(url)
+            ))
+        }
+        "rediss" if cfg!(feature = "tls") => {}
+        "rediss" => return wrong(TLS_IS_OFF.into()),
         "redis+sentinel" | "redis+cluster" => {
             return wrong(format!(
                 "{scheme}:// is not supported yet: one server per client"
@@ -210,6 +257,10 @@ fn shown(url: &str) -> String {
 mod tests {
     use super::*;
 
+    fn client(url: &str) -> Result<redis::Client> {
+        super::client(url, &TlsSettings::default())
+    }
+
     fn reason(url: &str) -> String {
         match client(url) {
             Err(Error::InvalidArgument {
@@ -228,7 +279,6 @@ mod tests {
             ("   ", "empty"),
             ("localhost:6379", "write redis://localhost:6379"),
             ("http://localhost/", "not a Redis scheme"),
-            ("rediss://localhost/", "TLS"),
             ("redis://a:6379,b:6379/", "several hosts"),
             ("redis+sentinel://a:26379/mymaster", "not supported yet"),
             ("redis://localhost:99999/", "port \"99999\""),
@@ -239,6 +289,25 @@ mod tests {
             assert!(reason.contains(says), "{url:?}: {reason}");
             assert!(reason.contains("expected redis://"), "{url:?}: {reason}");
         }
+    }
+
+    #[test]
+    #[cfg(not(feature = "tls"))]
+    fn rediss_needs_the_tls_feature() {
+        let reason = reason("rediss://localhost/");
+        assert!(reason.contains("build with the `tls` feature"), "{reason}");
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn tls_connections_keep_nagle_off() {
+        // redis-rs applies the TCP settings to the socket under the TLS stream as well.
+        let client = client("rediss://localhost:6380/").unwrap();
+        let info = client.get_connection_info();
+        assert!(matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }));
+        assert!(info.tcp_settings().nodelay());
+        let plain = super::client("redis://localhost/", &TlsSettings::default()).unwrap();
+        assert!(plain.get_connection_info().tcp_settings().nodelay());
     }
 
     #[test]

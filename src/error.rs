@@ -1,9 +1,25 @@
 use std::time::Duration;
 
+use crate::tls::{HandshakeFailed, HANDSHAKE_FAILED};
+
 /// The result type of every fallible fencelock call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The message of [`Error::Rejected`]: what to check depends on what failed. Told by the text,
+/// which a copy of the error for several callers keeps.
+fn rejected(cause: &BoxError) -> String {
+    let cause = cause.to_string();
+    if cause.starts_with(HANDSHAKE_FAILED) {
+        format!("redis connection rejected: {cause}; retrying will not help")
+    } else {
+        format!(
+            "redis rejected the connection: {cause} (retrying will not help: check the URL's \
+             credentials and database)"
+        )
+    }
+}
 
 /// Everything that can go wrong, as one enum to match or branch on with its predicates.
 ///
@@ -16,7 +32,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Types of the `redis` crate stay out of this API, so that a new major version of it is not a
 /// breaking change of fencelock: what a caller branches on has a predicate, the code of a Redis
 /// error reply is [`redis_code`](Error::redis_code), and a cause is a boxed error (a
-/// `redis::RedisError` today, for those who downcast it at their own risk).
+/// `redis::RedisError` today, for those who downcast it at their own risk; for a failed TLS
+/// handshake, an error whose source is one).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -57,8 +74,11 @@ pub enum Error {
 
     /// Redis refused the connection's set-up: a wrong user or password, a password for a server
     /// that has none, a database number out of range, or a command the client needs that an
-    /// ACL forbids. Retrying cannot fix it; the URL or the server's configuration must change.
-    #[error("redis rejected the connection: {0} (retrying will not help: check the URL's credentials and database)")]
+    /// ACL forbids. Or, for a `rediss://` URL, the TLS handshake failed: the server's
+    /// certificate is not signed by a CA the client trusts, has expired or does not name the
+    /// URL's host, or the server wants a client certificate it trusts. Retrying cannot fix it;
+    /// the URL, the client's settings or the server's configuration must change.
+    #[error("{}", rejected(.0))]
     Rejected(#[source] BoxError),
 
     /// A command got no reply within the response timeout.
@@ -129,8 +149,9 @@ impl Error {
         matches!(self, Error::Connection(_) | Error::Timeout(_))
     }
 
-    /// Redis refused the connection's set-up (credentials, database, ACL): see
-    /// [`Error::Rejected`]. Unlike [`is_connection`](Error::is_connection), not worth retrying.
+    /// Redis refused the connection's set-up (credentials, database, ACL), or the TLS handshake
+    /// failed: see [`Error::Rejected`]. Unlike [`is_connection`](Error::is_connection), not
+    /// worth retrying.
     pub fn is_rejected(&self) -> bool {
         matches!(self, Error::Rejected(_))
     }
@@ -208,8 +229,14 @@ impl Error {
     }
 
     /// A failed connection attempt: refused or timed out (an outage, worth retrying later), or
-    /// rejected by the server during the set-up (a configuration error, not worth it).
+    /// rejected by the server during the set-up, or a failed TLS handshake (a configuration
+    /// error, not worth it).
     pub(crate) fn from_connect(e: redis::RedisError) -> Error {
+        // Before the I/O errors: redis-rs reports a failed handshake as an I/O error.
+        let e = match HandshakeFailed::from_connect(e) {
+            Ok(failed) => return Error::Rejected(Box::new(failed)),
+            Err(e) => e,
+        };
         let transient = e.is_io_error()
             || e.is_timeout()
             || e.is_connection_dropped()

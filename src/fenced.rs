@@ -15,6 +15,7 @@ use crate::connector::{Connector, Node};
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
 use crate::pool::Pool;
+use crate::tls::TlsSettings;
 use crate::token::FencingToken;
 
 /// Prepended to every write script: the token comparison they share.
@@ -118,6 +119,7 @@ impl FencedRedis {
             pool_size: POOL_SIZE,
             connection_timeout: CONNECTION_TIMEOUT,
             response_timeout: RESPONSE_TIMEOUT,
+            tls: TlsSettings::default(),
         }
     }
 
@@ -366,6 +368,7 @@ pub struct FencedBuilder {
     pool_size: u32,
     connection_timeout: Duration,
     response_timeout: Duration,
+    tls: TlsSettings,
 }
 
 impl FencedBuilder {
@@ -398,13 +401,49 @@ impl FencedBuilder {
         self
     }
 
+    /// Trusts the certificate authorities in `pem` for a `rediss://` URL, instead of the default
+    /// roots; as [`Builder::tls_root_certificates`](crate::Builder::tls_root_certificates).
+    /// Requires the `tls` feature.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = fencelock::FencedRedis::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+    ///     .build()?;
+    /// # drop(store);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> FencedBuilder {
+        self.tls.set_roots(pem.into());
+        self
+    }
+
+    /// Presents `certificate_chain` to a server that asks for a client certificate, proving it
+    /// with `private_key`; as
+    /// [`Builder::tls_client_certificate`](crate::Builder::tls_client_certificate). Requires the
+    /// `tls` feature.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_chain: impl Into<Vec<u8>>,
+        private_key: impl Into<Vec<u8>>,
+    ) -> FencedBuilder {
+        self.tls
+            .set_identity(certificate_chain.into(), private_key.into());
+        self
+    }
+
     /// Validates every setting and makes the store. Connections are made lazily.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if
-    /// it does not parse.
+    /// it does not parse, or TLS settings that do not parse or were given for a URL that is not
+    /// `rediss://`.
     pub fn build(self) -> Result<FencedRedis> {
-        let connector = Arc::new(Connector::open(&self.url)?);
+        let connector = Arc::new(Connector::open(&self.url, &self.tls)?);
         validate_namespace(&self.namespace)?;
         validate_connections(
             self.pool_size,
@@ -430,6 +469,7 @@ impl fmt::Debug for FencedBuilder {
             .field("pool_size", &self.pool_size)
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }

@@ -200,6 +200,40 @@
 //! as with `std::sync::Mutex`: bound such waits with `try_lock` or a cancel channel, and nest
 //! with `reentrant_lock`. [`LockClient::lock`] explains the choice.
 //!
+//! # TLS
+//!
+//! With the `tls` feature, a `rediss://` URL connects over TLS (rustls, through redis-rs):
+//! every connection of the client checks that the server's certificate chains up to a trusted
+//! root, is within its validity period and names the URL's host. The roots are the platform's
+//! certificate store, or Mozilla's compiled in with `tls-webpki-roots`. For a server whose
+//! certificate a private CA signed, `Builder::tls_root_certificates` trusts that CA instead; for
+//! a server that asks for client certificates (Redis does by default), `tls_client_certificate`
+//! presents one. [`FencedBuilder`] has both.
+//!
+//! ```no_run
+//! # #[cfg(feature = "tls")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use fencelock::LockClient;
+//!
+//! let client = LockClient::builder("rediss://redis.internal:6380/")
+//!     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+//!     .tls_client_certificate(
+//!         std::fs::read("/etc/orders/tls/client.crt")?,
+//!         std::fs::read("/etc/orders/tls/client.key")?,
+//!     )
+//!     .build()?;
+//! # drop(client);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "tls"))]
+//! # fn main() {}
+//! ```
+//!
+//! Certificates and keys that do not parse, or TLS settings for a URL that is not `rediss://`,
+//! fail `build()` with [`Error::InvalidArgument`]; a handshake that fails (a certificate not
+//! trusted, a wrong host name, a client certificate missing or refused) fails the call that
+//! connects at once with [`Error::Rejected`], whose message says what to check. Without the
+//! feature, `rediss://` is refused by `build()`. [tls.md] has the details and the costs.
+//!
 //! # Logging
 //!
 //! fencelock logs through the [`log`](https://docs.rs/log) facade, so install any logger
@@ -267,7 +301,7 @@
 //!   its own threads up to 8 times in a row, and a lock freed by a lease that ran out (a holder
 //!   that died) goes to whichever waiter looks first.
 //!
-//! fencelock talks to one Redis server: Sentinel, Cluster, a quorum of masters and TLS are not
+//! fencelock talks to one Redis server: Sentinel, Cluster and a quorum of masters are not
 //! supported yet (the [README] lists them).
 //!
 //! # Further reading
@@ -280,6 +314,7 @@
 //! - [benchmarks.md]: how to run the benchmarks, and the results.
 //! - [cli.md]: the `fencelock` command-line tool.
 //! - [metrics.md]: the metrics of the `metrics` feature.
+//! - [tls.md]: TLS: setting it up, what a connection checks, what fails how, what it costs.
 //!
 //! [README]: https://github.com/fencelock/fencelock/blob/main/README.md
 //! [design.md]: https://github.com/fencelock/fencelock/blob/main/docs/design.md
@@ -288,8 +323,10 @@
 //! [benchmarks.md]: https://github.com/fencelock/fencelock/blob/main/docs/benchmarks.md
 //! [cli.md]: https://github.com/fencelock/fencelock/blob/main/docs/cli.md
 //! [metrics.md]: https://github.com/fencelock/fencelock/blob/main/docs/metrics.md
+//! [tls.md]: https://github.com/fencelock/fencelock/blob/main/docs/tls.md
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(
     not(test),
@@ -317,6 +354,7 @@ mod release;
 mod renewal;
 mod scripts;
 mod status;
+mod tls;
 mod token;
 mod wait;
 mod wire;
@@ -339,3 +377,8 @@ pub use crossbeam_channel;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The examples of docs/tls.md, which need the `tls` feature.
+#[cfg(all(doctest, feature = "tls"))]
+#[doc = include_str!("../docs/tls.md")]
+struct TlsDoctests;

@@ -51,10 +51,22 @@ fn bad_settings_are_rejected_by_build() {
     rejected(LockClient::builder("http://127.0.0.1/").build(), "url");
     rejected(LockClient::builder("not a url").build(), "url");
     rejected(LockClient::new(""), "url");
-    // TLS is not supported yet (README, "Not supported yet"): refused, not tried in the clear.
-    rejected(LockClient::builder("rediss://127.0.0.1/").build(), "url");
-    let tls = fencelock::FencedRedis::open("rediss://127.0.0.1/").unwrap_err();
-    assert!(tls.is_invalid_argument(), "{tls:?}");
+    // TLS needs the `tls` feature: without it a rediss:// URL is refused, not tried in the clear.
+    #[cfg(not(feature = "tls"))]
+    {
+        rejected(LockClient::builder("rediss://127.0.0.1/").build(), "url");
+        let tls = fencelock::FencedRedis::open("rediss://127.0.0.1/").unwrap_err();
+        assert!(tls.is_invalid_argument(), "{tls:?}");
+        assert!(
+            tls.to_string().contains("build with the `tls` feature"),
+            "{tls}"
+        );
+    }
+    #[cfg(feature = "tls")]
+    {
+        assert!(LockClient::builder("rediss://127.0.0.1/").build().is_ok());
+        assert!(fencelock::FencedRedis::open("rediss://127.0.0.1/").is_ok());
+    }
     assert!(b().lease(ms(10)).pool_size(1).build().is_ok());
     assert!(b().idle_expiry(fencelock::MIN_IDLE_EXPIRY).build().is_ok());
     assert!(b().idle_expiry(fencelock::MAX_IDLE_EXPIRY).build().is_ok());

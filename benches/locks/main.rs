@@ -43,7 +43,10 @@
 //!   rounds: handoff to a waiter in another process (this binary run again as a child), lock +
 //!   unlock from one thread, and T threads with S and W; each against its own system's round trip.
 //!   Also the pieces of fencelock's cross-process handoff, and a CDF of both handoffs written to
-//!   `docs/benchmarks-pg-handoff.svg`.
+//!   `docs/benchmarks-pg-handoff.svg`;
+//! - `tls` (with `--features tls`): a new connection (connect, TLS handshake, PING) and
+//!   uncontended `lock` + `unlock` (U iterations) over TLS, each beside the same on the plain port
+//!   of one redis-server.
 //!
 //! The baseline is the common hand-written lock: `SET key owner NX PX 30000`, on failure
 //! sleep 100 ms and retry; release by a compare-and-delete script.
@@ -83,7 +86,7 @@
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
 //! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
-//!   `idle`, `pg`, and `baseline` (the hand-written lock they compare with).
+//!   `idle`, `pg`, `tls`, and `baseline` (the hand-written lock they compare with).
 
 mod baseline;
 mod contention;
@@ -100,6 +103,8 @@ mod resp;
 mod rtt;
 mod server;
 mod stats;
+#[cfg(feature = "tls")]
+mod tls;
 mod uncontended;
 
 use std::thread;
@@ -188,6 +193,12 @@ fn main() {
     }
     if p.selected("pg") {
         pg::run(&server, &p, &mut r);
+    }
+    if p.selected("tls") {
+        #[cfg(feature = "tls")]
+        tls::run(&p, &mut r);
+        #[cfg(not(feature = "tls"))]
+        println!("\n== 7. TLS: not measured (build with `--features tls`)");
     }
     rtt::run_again(&server, &p, &mut r);
 

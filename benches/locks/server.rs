@@ -9,6 +9,8 @@ use fencelock::{Builder, LockClient};
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+#[cfg(feature = "tls")]
+pub use support::tls;
 pub use support::{command_calls, Child, RedisServer};
 
 /// The no-op script whose EVALSHA round trip is the unit of every ratio.

@@ -11,6 +11,8 @@ pub mod faults;
 pub mod history;
 pub mod proxy;
 pub mod soak;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -169,6 +171,8 @@ pub struct RedisServer {
     /// Pid of the most recently spawned process.
     pid: u32,
     port: u16,
+    /// The `--tls-port` of a server made by [`RedisServer::start_tls`].
+    tls_port: Option<u16>,
     dir: PathBuf,
     extra_args: Vec<String>,
     bin: OsString,
@@ -192,12 +196,29 @@ impl RedisServer {
     /// Like [`RedisServer::start`], with `extra_args` appended to the command
     /// line (later arguments override earlier ones, e.g. `&["--appendonly", "yes"]`).
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        Self::start_inner(extra_args, false)
+    }
+
+    /// Like [`RedisServer::start_with`], listening for TLS on a second free port as well
+    /// (`--tls-port`; see [`RedisServer::tls_url`]). `extra_args` carry the certificates
+    /// (`--tls-cert-file` and so on). The plain port stays open: readiness is checked there,
+    /// and [`RedisServer::connection`] uses it.
+    pub fn start_tls(extra_args: &[&str]) -> RedisServer {
+        Self::start_inner(extra_args, true)
+    }
+
+    fn start_inner(extra_args: &[&str], tls: bool) -> RedisServer {
         let bin = redis_bin();
         let dir = unique_temp_dir("fencelock-redis");
-        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let mut attempts = Vec::new();
         for _ in 0..START_TRIES {
             let port = free_port();
+            let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+            // A taken TLS port fails the start as a taken plain port does: both are new per try.
+            let tls_port = tls.then(free_port);
+            if let Some(tls_port) = tls_port {
+                extra_args.extend(["--tls-port".to_string(), tls_port.to_string()]);
+            }
             let log_offset = file_len(&dir.join("redis.log"));
             let mut child = match spawn_redis(&bin, port, &dir, &extra_args) {
                 Ok(child) => child,
@@ -212,6 +233,7 @@ impl RedisServer {
                         pid: child.id(),
                         child: Mutex::new(Some(child)),
                         port,
+                        tls_port,
                         dir,
                         extra_args,
                         bin,
@@ -225,8 +247,13 @@ impl RedisServer {
                     kill_and_reap(&mut child);
                     let logs = server_logs(&dir, 0);
                     let _ = fs::remove_dir_all(&dir);
+                    let hint = if tls {
+                        " (a redis-server built without TLS support refuses --tls-port)"
+                    } else {
+                        ""
+                    };
                     panic!(
-                        "redis-server ({}) on port {port} failed to start: {why}\n{logs}",
+                        "redis-server ({}) on port {port} failed to start: {why}{hint}\n{logs}",
                         bin.to_string_lossy()
                     );
                 }
@@ -247,6 +274,17 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT/`
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The TLS port of a server made by [`RedisServer::start_tls`].
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
+            .unwrap_or_else(|| panic!("the server was not started with start_tls"))
+    }
+
+    /// `rediss://HOST:TLS_PORT/`, for `host` `127.0.0.1` or `localhost` (say).
+    pub fn tls_url(&self, host: &str) -> String {
+        format!("rediss://{host}:{}/", self.tls_port())
     }
 
     /// Pid of the current (or, after `kill`, the last) server process.
