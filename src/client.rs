@@ -339,7 +339,7 @@ impl LockClient {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a key that
+    /// [`Error::InvalidArgument`] for a key that
     /// [`lock`](LockClient::lock) would refuse. Connection errors, timeouts and Redis errors
     /// (a lock or fence key of the wrong type, a fence counter that holds no token).
     pub fn status(&self, key: &str) -> Result<LockStatus> {
@@ -375,11 +375,11 @@ impl LockClient {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a key that
+    /// [`Error::InvalidArgument`] for a key that
     /// [`lock`](LockClient::lock) would refuse. Connection errors and Redis errors. The call is
     /// not repeated on a fresh connection when the connection breaks (a second run would take
     /// the lock from the waiter the first one handed it to): after
-    /// [`Error::Connection`](crate::Error::Connection) or [`Error::Timeout`](crate::Error::Timeout)
+    /// [`Error::Connection`] or [`Error::Timeout`]
     /// its outcome is unknown; ask [`status`](LockClient::status).
     pub fn force_unlock(&self, key: &str) -> Result<bool> {
         self.locks.force_unlock(key)
