@@ -75,8 +75,8 @@ pub(crate) struct Pool {
     /// The last connection attempt or command failed to reach Redis, and nothing has succeeded
     /// since: see [`Pool::unreachable`].
     unreachable: AtomicBool,
-    /// Batches of combined calls that got no reply (timed out, broke): a call that waited
-    /// behind one is not sent (see [`Unsent`]).
+    /// Batches of combined calls that got no reply within the response timeout: a call that
+    /// waited behind one is not sent (see [`Unsent`]).
     batch_failures: AtomicU64,
     /// Calls waiting to go out together (see [`Pool::combined`]).
     combining: Combiner<Vec<u8>, Combined>,
@@ -431,7 +431,9 @@ impl Pool {
                 .as_ref()
                 .is_some_and(|e| e.is_io_error() || e.is_timeout());
             self.unreachable.store(missed, Ordering::Relaxed);
-            if missed {
+            // A broken connection is retried on a fresh one (a restart costs nothing visible);
+            // a batch that got no reply in time means Redis stopped answering.
+            if failed.as_ref().is_some_and(|e| e.is_timeout()) {
                 self.batch_failures.fetch_add(1, Ordering::Relaxed);
             }
             if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
