@@ -152,14 +152,8 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        // A lock already known lost (renewal failed, maybe against a frozen Redis) has nobody
-        // waiting on its release here either.
-        if self.locks.pool.unreachable() || !self.grant.is_held() {
-            self.locks.release_later(Arc::clone(&self.grant));
-            return;
-        }
         // Failures are logged; a guard dropped during a panic must not panic again.
-        self.locks.release_or_later(&self.grant);
+        self.locks.release_on_drop(&self.grant);
     }
 }
 

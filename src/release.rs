@@ -54,30 +54,29 @@ impl Locks {
         self.give_back(grant, was_held)
     }
 
-    /// [`release`](Locks::release) for a thread that must not wait for Redis: the grant stops
-    /// here and now (its renewal), and its release goes to a background thread.
-    pub(crate) fn release_later(self: &Arc<Self>, grant: Arc<Grant>) {
-        let was_held = self.stop(&grant);
-        self.later(Work::Release { grant, was_held });
-    }
-
-    /// [`release`](Locks::release) for a guard's drop: a release that was not sent because Redis
-    /// had just stopped answering (see [`Unsent`](crate::pool::Unsent)) goes to the background
-    /// thread instead of waiting for Redis once more.
-    pub(crate) fn release_or_later(self: &Arc<Self>, grant: &Arc<Grant>) {
+    /// [`release`](Locks::release) for a guard's drop, which must not wait for a Redis that
+    /// stopped answering. The grant stops here and now (its renewal); its release goes to the
+    /// background thread when the client last failed to reach Redis, when the lock is already
+    /// known lost (renewal failed, maybe against a frozen Redis: nobody waits on this release
+    /// here), or when it was not sent because the unlocks just ahead of it got no reply (see
+    /// [`Unsent`](crate::pool::Unsent)). Failures are logged, never returned.
+    pub(crate) fn release_on_drop(self: &Arc<Self>, grant: &Arc<Grant>) {
         let was_held = self.stop(grant);
-        if let Err(e) = self.give_back(grant, was_held) {
+        let later = || Work::Release {
+            grant: Arc::clone(grant),
+            was_held,
+        };
+        if self.pool.unreachable() || !was_held {
+            self.later(later());
+        } else if let Err(e) = self.give_back(grant, was_held) {
             if pool::unsent(&e) {
-                self.later(Work::Release {
-                    grant: Arc::clone(grant),
-                    was_held,
-                });
+                self.later(later());
             }
         }
     }
 
     /// Gives up a waiter's place in Redis' queue (and a lock handed to it meanwhile) from a
-    /// background thread; see [`release_later`](Locks::release_later).
+    /// background thread; see [`release_on_drop`](Locks::release_on_drop).
     pub(crate) fn leave_later(self: &Arc<Self>, keys: LockKeys) {
         self.later(Work::Leave { keys });
     }
