@@ -10,6 +10,7 @@
 pub mod faults;
 pub mod history;
 pub mod proxy;
+pub mod sentinel;
 pub mod soak;
 #[cfg(feature = "tls")]
 pub mod tls;
