@@ -13,6 +13,7 @@ use crate::guard::LockGuard;
 use crate::locks::Locks;
 use crate::options::LockOptions;
 use crate::status::LockStatus;
+use crate::topology::Topology;
 
 /// A handle to lock keys on one Redis server.
 ///
@@ -46,18 +47,32 @@ pub struct LockClient {
 }
 
 impl LockClient {
-    /// Starts configuring a client for the Redis server at `url` (`redis://[user:pass@]host:port/db`,
-    /// or `redis+unix:///path`).
-    pub fn builder(url: impl Into<String>) -> Builder {
-        Builder::new(url.into())
+    /// Starts configuring a client for a Redis deployment: a URL of one server
+    /// (`redis://[user:pass@]host:port/db`, or `redis+unix:///path`), the master that sentinels
+    /// name (`redis+sentinel://host1:26379,host2:26379/mymaster`), or a [`Topology`] made by
+    /// hand. See [`Topology`] for every form.
+    ///
+    /// ```
+    /// use fencelock::{LockClient, Topology};
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let one = LockClient::builder("redis://127.0.0.1:6379/").build()?;
+    /// let ha = LockClient::builder(Topology::sentinel(
+    ///         ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], "mymaster"))
+    ///     .build()?;
+    /// # drop((one, ha));
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(topology: impl Into<Topology>) -> Builder {
+        Builder::new(topology.into())
     }
 
     /// A client with every setting at its default; the same as `LockClient::builder(url).build()`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the URL does not parse.
-    pub fn new(url: impl Into<String>) -> Result<LockClient> {
-        Self::builder(url).build()
+    pub fn new(topology: impl Into<Topology>) -> Result<LockClient> {
+        Self::builder(topology).build()
     }
 
     /// Takes the lock on `key`, waiting as long as it takes.
@@ -450,8 +465,8 @@ impl Builder {
     /// `tls` feature), or TLS settings that do not parse or were given for a URL that is not
     /// `rediss://`.
     pub fn build(self) -> Result<LockClient> {
-        let (url, config, tls) = self.into_parts();
-        let connector = Arc::new(Connector::open(&url, &tls)?);
+        let (topology, config, tls) = self.into_parts();
+        let connector = Arc::new(Connector::open(&topology, &tls, config.connection_timeout)?);
         config.validate()?;
         Ok(LockClient {
             locks: Locks::start(connector, config)?,

@@ -5,6 +5,7 @@ use crate::key::validate_namespace;
 use crate::options::validate_lease;
 use crate::scripts::ReplicaAcks;
 use crate::tls::TlsSettings;
+use crate::topology::Topology;
 
 /// Largest pool accepted by [`Builder::pool_size`].
 pub const MAX_POOL_SIZE: u32 = 1024;
@@ -36,7 +37,7 @@ pub const MAX_IDLE_EXPIRY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 6
 #[derive(Clone)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct Builder {
-    url: String,
+    topology: Topology,
     config: Config,
     tls: TlsSettings,
 }
@@ -54,9 +55,9 @@ pub(crate) struct Config {
 }
 
 impl Builder {
-    pub(crate) fn new(url: String) -> Builder {
+    pub(crate) fn new(topology: Topology) -> Builder {
         Builder {
-            url,
+            topology,
             config: Config {
                 namespace: "fencelock".to_owned(),
                 lease: Duration::from_secs(30),
@@ -232,16 +233,17 @@ impl Builder {
         self
     }
 
-    /// The URL and the settings, for [`build`](Builder::build).
-    pub(crate) fn into_parts(self) -> (String, Config, TlsSettings) {
-        (self.url, self.config, self.tls)
+    /// The deployment and the settings, for [`build`](Builder::build).
+    pub(crate) fn into_parts(self) -> (Topology, Config, TlsSettings) {
+        (self.topology, self.config, self.tls)
     }
 }
 
 impl std::fmt::Debug for Builder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // No URL: it may carry a password.
+        // The topology shows itself without passwords.
         f.debug_struct("Builder")
+            .field("topology", &self.topology)
             .field("config", &self.config)
             .field("tls", &self.tls)
             .finish_non_exhaustive()

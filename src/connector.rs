@@ -3,25 +3,34 @@
 //! The pool, the renewal thread and the wake thread hold no `redis::Client` of their own. They
 //! ask the connector for a connection to the [`Node`] that serves a key (or, for pub/sub, to one
 //! that carries the client's release channel), and tell it when a connection broke under a
-//! command, so that a shape with more than one node can find its nodes anew. Work that goes out
-//! in batches (renewal pipelines, combined unlocks) is grouped by node.
+//! command, so that a shape with more than one server can find its nodes anew. Work that goes
+//! out in batches (renewal pipelines, combined unlocks) is grouped by node.
 //!
-//! Today the deployment has one shape, a single server, and one node. Other shapes become
-//! variants of [`Shape`]: each answers the same three questions (which node serves this key,
-//! how to reach that node, what a failure tells about the nodes).
+//! Each shape answers the same questions: which node serves this key, how to reach that node,
+//! what a failure tells about the nodes, and since when connections are current (its
+//! [`epoch`](Connector::epoch): a connection made before the current epoch goes to a server
+//! that no longer serves its node, and is dropped when next used).
+//!
+//! | shape | nodes | a failure |
+//! |---|---|---|
+//! | one server | one, at its URL | nothing to learn: the caller retries and reconnects |
+//! | Sentinel (`sentinel.rs`) | one, the master the sentinels name | ask the sentinels again |
 
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
 use crate::tls::TlsSettings;
+use crate::topology::{Kind, Topology};
+
+mod sentinel;
 
 /// Names one Redis server of the deployment among those a client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Node(u32);
 
 impl Node {
-    /// The only node of a single server.
+    /// The only node of a single server, or of a Sentinel deployment (its master).
     pub(crate) const SINGLE: Node = Node(0);
 }
 
@@ -31,29 +40,48 @@ pub(crate) struct Connector {
 }
 
 enum Shape {
-    /// One server, at a URL.
-    Single(redis::Client),
+    /// One server, at a URL. Boxed: a client is large, and a connector is made once.
+    Single(Box<redis::Client>),
+    /// The master that a group of sentinels names.
+    Sentinel(sentinel::Sentinel),
 }
 
 impl Connector {
-    /// A connector for the server at `url` (`redis://`, `redis+unix://` or `unix://`, and
-    /// `rediss://` with the `tls` feature), with `tls` for a `rediss://` URL. Parses and checks
+    /// A connector for `topology`, with `tls` for `rediss://` servers; `connection_timeout`
+    /// bounds the connections a Sentinel watcher makes in the background. Parses and checks
     /// only: nothing is connected until a connection is asked for.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the URL does not parse, or the TLS settings do not (or were
+    /// [`Error::InvalidArgument`] if a URL does not parse, or the TLS settings do not (or were
     /// given for a URL that is not `rediss://`).
-    pub(crate) fn open(url: &str, tls: &TlsSettings) -> Result<Connector> {
-        Ok(Connector {
-            shape: Shape::Single(client(url, tls)?),
-        })
+    pub(crate) fn open(
+        topology: &Topology,
+        tls: &TlsSettings,
+        connection_timeout: Duration,
+    ) -> Result<Connector> {
+        let shape = match topology.resolve()? {
+            Kind::Url(url) => Shape::Single(Box::new(client(&url, tls)?)),
+            Kind::Sentinel(spec) => {
+                Shape::Sentinel(sentinel::Sentinel::open(&spec, tls, connection_timeout)?)
+            }
+        };
+        Ok(Connector { shape })
     }
 
     /// The node that serves `keys` (all of one lock's keys share a node: they share a hash
     /// slot).
     pub(crate) fn node_of(&self, _keys: &LockKeys) -> Node {
         match self.shape {
-            Shape::Single(_) => Node::SINGLE,
+            Shape::Single(_) | Shape::Sentinel(_) => Node::SINGLE,
+        }
+    }
+
+    /// Connections to `node` made before this number changed go to a server that no longer
+    /// serves it: drop them when next used.
+    pub(crate) fn epoch(&self, _node: Node) -> u64 {
+        match &self.shape {
+            Shape::Single(_) => 0,
+            Shape::Sentinel(sentinel) => sentinel.epoch(),
         }
     }
 
@@ -84,6 +112,8 @@ impl Connector {
                 }
                 Ok(con)
             }
+            // ROLE, asked of every new connection, does what the PING does above.
+            (Shape::Sentinel(sentinel), _) => sentinel.connect(connect_timeout, response_timeout),
         }
     }
 
@@ -93,20 +123,35 @@ impl Connector {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> redis::RedisResult<redis::Connection> {
-        match self.shape {
-            Shape::Single(_) => self.connect(Node::SINGLE, connect_timeout, response_timeout),
-        }
+        self.connect(Node::SINGLE, connect_timeout, response_timeout)
     }
 
     /// A connection to `node` broke under a command, or a command failed with `error`. A single
     /// server has nowhere else to look: the caller's own retry and reconnect are all there is.
+    /// Under Sentinel, the sentinels are asked again before the next connection.
     pub(crate) fn failed(&self, node: Node, error: &redis::RedisError) {
-        match self.shape {
+        match &self.shape {
             Shape::Single(_) => {
                 let _ = (node, error);
             }
+            Shape::Sentinel(sentinel) => sentinel.failed(error),
         }
     }
+
+    /// Whether `error` is a refusal by a server that is no longer `node`'s master (READONLY,
+    /// say): the command did nothing, and goes again on a new connection, after the failure is
+    /// reported with [`failed`](Connector::failed).
+    pub(crate) fn not_master(&self, error: &redis::RedisError) -> bool {
+        match &self.shape {
+            Shape::Single(_) => false,
+            Shape::Sentinel(_) => sentinel::not_master(error),
+        }
+    }
+}
+
+/// Checks a single server's URL as a client's build would, without TLS settings.
+pub(crate) fn check(url: &str) -> Result<()> {
+    client(url, &TlsSettings::default()).map(drop)
 }
 
 /// A client for `url`, with Nagle's algorithm off on its connections. redis-rs leaves it on,
@@ -198,7 +243,7 @@ fn check_url(url: &str) -> Result<()> {
         }
         "rediss" if cfg!(feature = "tls") => {}
         "rediss" => return wrong(TLS_IS_OFF.into()),
-        "redis+sentinel" | "redis+cluster" => {
+        "redis+cluster" => {
             return wrong(format!(
                 "{scheme}:// is not supported yet: one server per client"
             ))
@@ -210,7 +255,8 @@ fn check_url(url: &str) -> Result<()> {
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if host_port.contains(',') {
         return wrong(format!(
-            "{} names several hosts; a client talks to one server",
+            "{} names several hosts; for the master that sentinels name, write \
+             redis+sentinel://host1:port1,host2:port2/master_name",
             shown(url)
         ));
     }
@@ -235,7 +281,7 @@ fn check_url(url: &str) -> Result<()> {
 }
 
 /// A URL as it may appear in a message: without its password.
-fn shown(url: &str) -> String {
+pub(crate) fn shown(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => match rest
             .split(['/', '?', '#'])
@@ -280,7 +326,7 @@ mod tests {
             ("localhost:6379", "write redis://localhost:6379"),
             ("http://localhost/", "not a Redis scheme"),
             ("redis://a:6379,b:6379/", "several hosts"),
-            ("redis+sentinel://a:26379/mymaster", "not supported yet"),
+            ("redis+cluster://a:30001/", "not supported yet"),
             ("redis://localhost:99999/", "port \"99999\""),
             ("redis://localhost:63x9/", "port"),
             ("redis://", "no host"),

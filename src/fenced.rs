@@ -17,6 +17,7 @@ use crate::key::{validate_namespace, LockKeys};
 use crate::pool::Pool;
 use crate::tls::TlsSettings;
 use crate::token::FencingToken;
+use crate::topology::Topology;
 
 /// Prepended to every write script: the token comparison they share.
 const PRELUDE: &str = include_str!("scripts/fenced_prelude.lua");
@@ -92,7 +93,7 @@ impl FencedRedis {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the URL does not parse.
-    pub fn open(url: &str) -> Result<FencedRedis> {
+    pub fn open(url: impl Into<Topology>) -> Result<FencedRedis> {
         FencedRedis::builder(url).build()
     }
 
@@ -112,9 +113,9 @@ impl FencedRedis {
     /// assert_eq!(store.namespace(), "orders");
     /// # Ok(()) }
     /// ```
-    pub fn builder(url: impl Into<String>) -> FencedBuilder {
+    pub fn builder(topology: impl Into<Topology>) -> FencedBuilder {
         FencedBuilder {
-            url: url.into(),
+            topology: topology.into(),
             namespace: DEFAULT_NAMESPACE.to_owned(),
             pool_size: POOL_SIZE,
             connection_timeout: CONNECTION_TIMEOUT,
@@ -363,7 +364,7 @@ impl FencedRedis {
 #[derive(Clone)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct FencedBuilder {
-    url: String,
+    topology: Topology,
     namespace: String,
     pool_size: u32,
     connection_timeout: Duration,
@@ -443,7 +444,11 @@ impl FencedBuilder {
     /// it does not parse, or TLS settings that do not parse or were given for a URL that is not
     /// `rediss://`.
     pub fn build(self) -> Result<FencedRedis> {
-        let connector = Arc::new(Connector::open(&self.url, &self.tls)?);
+        let connector = Arc::new(Connector::open(
+            &self.topology,
+            &self.tls,
+            self.connection_timeout,
+        )?);
         validate_namespace(&self.namespace)?;
         validate_connections(
             self.pool_size,

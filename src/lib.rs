@@ -356,6 +356,7 @@ mod scripts;
 mod status;
 mod tls;
 mod token;
+mod topology;
 mod wait;
 mod wire;
 
@@ -369,6 +370,7 @@ pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;
+pub use crate::topology::{Topology, SENTINEL_PORT};
 
 /// Re-exported so that `lost()` receivers can be used with `select!` without a direct
 /// dependency on crossbeam-channel.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::connector::Connector;
+use crate::connector::{Connector, Node};
 use crate::token::FencingToken;
 use crate::wait::Waiters;
 
@@ -89,6 +89,7 @@ impl Listener<'_> {
         } = *self;
         // Bounded so that, with Redis unreachable, the thread still notices its client is gone.
         let connect_timeout = connection_timeout.min(Duration::from_secs(5));
+        let epoch = connector.epoch(Node::SINGLE);
         let mut con = connector.subscriber(connect_timeout, HEARTBEAT)?;
         subscribe(&mut con, channel)?;
         let mut pubsub = con.as_pubsub();
@@ -114,6 +115,13 @@ impl Listener<'_> {
                 Err(e) if crate::wire::interrupted(&e) => heard.elapsed() >= HEARTBEAT,
                 Err(e) => return Err(e),
             };
+            if connector.epoch(Node::SINGLE) != epoch {
+                // The master moved: releases publish on the new one now.
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the master moved",
+                )));
+            }
             if quiet {
                 heard = Instant::now();
                 if waiters.strong_count() == 0 {

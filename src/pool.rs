@@ -42,6 +42,8 @@ pub(crate) enum Run {
 pub(crate) struct Conn {
     pub(crate) con: redis::Connection,
     generation: u64,
+    /// The connector's epoch when it was made: see [`Connector::epoch`].
+    epoch: u64,
     /// A command on it timed out: the connection may be half-open, or out of step with replies
     /// that will never come. Discarded when it goes back to the pool.
     timed_out: bool,
@@ -220,10 +222,13 @@ impl Pool {
     /// Makes a connection for a place already counted in `open`.
     fn connect(&self) -> Result<Conn> {
         let generation = self.made.fetch_add(1, Ordering::Relaxed);
+        // Read before connecting: a connection made while the epoch moves counts as older.
+        let epoch = self.connector.epoch(self.node);
         match self.connect_aside() {
             Ok(con) => Ok(Conn {
                 con,
                 generation,
+                epoch,
                 timed_out: false,
                 shelf: Arc::downgrade(&self.shelf),
             }),
@@ -273,6 +278,7 @@ impl Pool {
 
     fn is_stale(&self, conn: &Conn) -> bool {
         conn.generation < self.stale_below.load(Ordering::Relaxed)
+            || conn.epoch < self.connector.epoch(self.node)
     }
 
     /// Whether the last connection attempt or command of this pool failed to reach Redis (it
@@ -318,7 +324,9 @@ impl Pool {
         let mut reconnected = false;
         for _ in 0..wire::MAX_INTERRUPTS {
             match &result {
-                Err(e) if broke(e) && !reconnected => {
+                // A connection broke, or went to a server that is no longer the node's master
+                // (which refused the command unrun): once more, on a fresh connection.
+                Err(e) if (broke(e) || self.connector.not_master(e)) && !reconnected => {
                     self.retire_all(e);
                     self.put(conn);
                     conn = self.get()?;
@@ -366,7 +374,7 @@ impl Pool {
         let mut conn = self.get()?;
         let result = f(&mut conn.con);
         if let Err(e) = &result {
-            if broke(e) {
+            if broke(e) || self.connector.not_master(e) {
                 self.retire_all(e);
             }
         }
@@ -388,6 +396,10 @@ impl Pool {
     ) -> Result<T> {
         match self.combined(packed) {
             Combined::Reply(value) => reply(value).map_err(Error::from_redis),
+            Combined::Failed(e) if self.connector.not_master(&e) => {
+                self.retire_all(&e);
+                self.run_from(f, Run::Retry, None)
+            }
             Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
             Combined::Failed(_) => self.run_from(f, Run::Retry, None),
             Combined::NoConnection(e) => Err(e),

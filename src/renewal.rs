@@ -142,8 +142,9 @@ struct Renewer {
     connector: Arc<Connector>,
     connection_timeout: Duration,
     response_timeout: Duration,
-    /// One connection per node, made when first needed and dropped when it fails.
-    cons: HashMap<Node, redis::Connection>,
+    /// One connection per node, made when first needed and dropped when it fails or its node
+    /// moves to another server (with the connector's epoch when it was made).
+    cons: HashMap<Node, (u64, redis::Connection)>,
     /// Every grant tracked: when each falls due, by when each must be confirmed.
     schedule: Schedule,
     /// The commands of one pipeline and where each ends, reused.
@@ -258,7 +259,18 @@ impl Renewer {
     fn renew(&mut self, node: Node, batch: Vec<Arc<Grant>>) {
         let sent = Instant::now();
         let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
-        let replies = match self.extend_all(node, &batch, &leases) {
+        let replies = self.extend_all(node, &batch, &leases).and_then(|replies| {
+            // Refused unrun by a server that is no longer the master: as if the connection had
+            // failed, the batch goes again, to the new master.
+            match replies.iter().find_map(|r| match r {
+                Some(Err(e)) if self.connector.not_master(e) => Some(e.clone()),
+                _ => None,
+            }) {
+                Some(e) => Err(e),
+                None => Ok(replies),
+            }
+        });
+        let replies = match replies {
             Ok(replies) => replies,
             Err(e) => {
                 metrics::renewal_failed(&batch[0].keys, &e);
@@ -304,7 +316,7 @@ impl Renewer {
             }
         }
         let outcome = match &reply {
-            Err(e) if e.is_io_error() => {
+            Err(e) if e.is_io_error() || self.connector.not_master(e) => {
                 if !crate::wire::interrupted(e) {
                     let node = self.connector.node_of(&grant.keys);
                     self.cons.remove(&node);
@@ -367,9 +379,10 @@ impl Renewer {
             .saturating_duration_since(now)
             .max(MIN_TIMEOUT)
             .min(self.response_timeout);
+        let epoch = self.connector.epoch(node);
         let con = match self.cons.remove(&node) {
-            Some(con) => con,
-            None => {
+            Some((made, con)) if made == epoch => con,
+            _ => {
                 let connect_timeout = timeout.min(self.connection_timeout);
                 let mut con = self.connector.connect(node, connect_timeout, timeout)?;
                 // A new connection often follows a restart, and a restarted server has no
@@ -380,7 +393,7 @@ impl Renewer {
             }
         };
         con.set_read_timeout(Some(timeout))?;
-        Ok(self.cons.entry(node).or_insert(con))
+        Ok(&mut self.cons.entry(node).or_insert((epoch, con)).1)
     }
 }
 

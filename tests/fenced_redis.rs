@@ -10,7 +10,7 @@ use fencelock::{Error, FencedRedis, FencingToken};
 use support::{lock_client, RedisServer, NAMESPACE};
 
 fn store(server: &RedisServer) -> FencedRedis {
-    FencedRedis::open(&server.url())
+    FencedRedis::open(server.url())
         .and_then(|store| store.with_namespace(NAMESPACE))
         .unwrap_or_else(|e| panic!("FencedRedis for {}: {e}", server.url()))
 }

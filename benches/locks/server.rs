@@ -17,7 +17,7 @@ pub use support::{command_calls, Child, RedisServer};
 pub const NOOP: &str = "return 1";
 
 /// A client builder with the benches' namespace.
-pub fn builder(url: impl Into<String>) -> Builder {
+pub fn builder(url: impl Into<fencelock::Topology>) -> Builder {
     LockClient::builder(url).namespace("bench")
 }
 

@@ -1,0 +1,628 @@
+//! The master that a group of sentinels names, followed through failovers.
+//!
+//! ```text
+//! state of the client's view      what moves it
+//! ------------------------------  -----------------------------------------------------------
+//! no master known                 a connection is asked for: ask the sentinels in turn, each
+//!                                 within the connection timeout; the first that names a
+//!                                 master moves to the front of the list
+//! master M (epoch e)              every new connection to M is checked with ROLE first
+//! M suspect                       a connection to M broke, timed out, or a command on it was
+//!                                 refused as by a replica (READONLY, MASTERDOWN, NOREPLICAS):
+//!                                 the next connection asks the sentinels again
+//! master M' != M (epoch e + 1)    the sentinels named M', a sentinel announced +switch-master,
+//!                                 or M said ROLE slave: every connection made at epoch e is
+//!                                 dropped when next used (pool, renewal, wake thread)
+//! ```
+//!
+//! A watcher thread per client subscribes to `+switch-master` on one sentinel, and every
+//! [`CHECK`] asks that sentinel for the master and asks the master for its `ROLE`, so that a
+//! demoted master is left even when no connection to it breaks: an old master that comes back
+//! after a failover takes writes for about ten seconds before Sentinel reconfigures it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, Value};
+
+use crate::error::Result;
+use crate::tls::TlsSettings;
+use crate::topology::SentinelSpec;
+
+/// How often the watcher asks its sentinel for the master and the master for its role.
+const CHECK: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The least time a sentinel is given to answer when the time left is shared among several.
+const MIN_SHARE: Duration = Duration::from_millis(50);
+
+/// The data nodes of a Sentinel deployment, as one node: its current master.
+pub(crate) struct Sentinel {
+    state: Arc<State>,
+}
+
+struct State {
+    name: String,
+    /// The sentinels, in the order to ask them: the last one that answered first.
+    sentinels: Mutex<Vec<Addressed>>,
+    /// How to log in to a data node (credentials, database, TLS), less its address.
+    template: redis::RedisConnectionInfo,
+    tls: Option<TlsSettings>,
+    current: Mutex<Current>,
+    /// Held while the sentinels are asked, so that a failover costs one round of questions, not
+    /// one per thread that saw it.
+    resolving: Mutex<()>,
+    /// Bumped whenever the master changes: connections made before are to be dropped.
+    epoch: AtomicU64,
+}
+
+/// A sentinel, and how to show it in a message.
+#[derive(Clone)]
+struct Addressed {
+    shown: String,
+    client: redis::Client,
+}
+
+#[derive(Default)]
+struct Current {
+    master: Option<Master>,
+    /// Ask the sentinels before the next connection.
+    suspect: bool,
+    /// Rounds of questions to the sentinels so far.
+    rounds: u64,
+    /// The highest configuration epoch a sentinel named the master in: a failover raises it.
+    config_epoch: u64,
+}
+
+/// A sentinel's answer: the master's address, and the configuration epoch it belongs to.
+struct Named {
+    host: String,
+    port: u16,
+    config_epoch: u64,
+}
+
+#[derive(Clone)]
+struct Master {
+    host: String,
+    port: u16,
+    client: redis::Client,
+}
+
+impl Sentinel {
+    /// Parses and checks; starts the watcher thread. Nothing is connected here.
+    pub(crate) fn open(
+        spec: &SentinelSpec,
+        tls: &TlsSettings,
+        connection_timeout: Duration,
+    ) -> Result<Sentinel> {
+        let mut sentinels = Vec::with_capacity(spec.sentinels.len());
+        for url in &spec.sentinels {
+            sentinels.push(Addressed {
+                shown: super::shown(url),
+                client: super::client(url, tls)?,
+            });
+        }
+        let mut template = redis::RedisConnectionInfo::default().set_db(spec.db);
+        if let Some(user) = &spec.username {
+            template = template.set_username(user);
+        }
+        if let Some(password) = &spec.password {
+            template = template.set_password(password);
+        }
+        let state = Arc::new(State {
+            name: spec.master_name.clone(),
+            sentinels: Mutex::new(sentinels),
+            template,
+            tls: spec.tls().then(|| tls.clone()),
+            current: Mutex::default(),
+            resolving: Mutex::new(()),
+            epoch: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&state);
+        let timeout = connection_timeout.clamp(Duration::from_millis(10), Duration::from_secs(5));
+        thread::Builder::new()
+            .name("fencelock-sentinel".to_owned())
+            .spawn(move || watch(&weak, timeout))
+            .map_err(|e| crate::Error::Connection(Box::new(e)))?;
+        Ok(Sentinel { state })
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.state.epoch.load(Ordering::Acquire)
+    }
+
+    /// A new connection to the master, checked with `ROLE`, made within `connect_timeout`
+    /// (asking the sentinels included). A master that cannot be reached, or says it is a
+    /// replica, makes the sentinels be asked once more before the call gives up.
+    pub(crate) fn connect(
+        &self,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<redis::Connection> {
+        let state = &self.state;
+        let deadline = Instant::now() + connect_timeout;
+        let mut asked = false;
+        loop {
+            let (master, epoch) = state.master(deadline, &mut asked)?;
+            let left = left(deadline);
+            let outcome = open(&master.client, left, response_timeout);
+            match outcome {
+                Ok((con, Role::Master)) => return Ok(con),
+                Ok((_, Role::Other(role))) => {
+                    state.moved_off(epoch);
+                    if asked {
+                        return Err(RedisError::from((
+                            ErrorKind::Io,
+                            "the master that the sentinels name is not a master",
+                            format!("{}:{} says ROLE {role}", master.host, master.port),
+                        )));
+                    }
+                }
+                Err(e) if is_refusal(&e) => return Err(e),
+                Err(e) => {
+                    state.suspect(epoch);
+                    if asked || left.is_zero() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A command failed with `error`: after a broken connection, a timeout, or a refusal as by
+    /// a replica, ask the sentinels before the next connection.
+    pub(crate) fn failed(&self, error: &RedisError) {
+        if error.is_io_error()
+            || error.is_timeout()
+            || error.is_connection_dropped()
+            || not_master(error)
+        {
+            let epoch = self.epoch();
+            self.state.suspect(epoch);
+        }
+    }
+}
+
+/// A reply that says the server is no (writable) master any more: the command did nothing.
+pub(crate) fn not_master(error: &RedisError) -> bool {
+    matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "NOREPLICAS"))
+}
+
+/// A set-up error that asking again cannot fix: wrong credentials, a database that does not
+/// exist, NOAUTH.
+fn is_refusal(e: &RedisError) -> bool {
+    matches!(
+        crate::Error::from_connect(e.clone()),
+        crate::Error::Rejected(_)
+    )
+}
+
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+impl State {
+    fn current(&self) -> MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The master to connect to, and the epoch it belongs to: the one known, unless it is
+    /// suspect or none is, in which case the sentinels are asked (once per call: `asked`).
+    fn master(&self, deadline: Instant, asked: &mut bool) -> RedisResult<(Master, u64)> {
+        let rounds = {
+            let current = self.current();
+            match &current.master {
+                Some(master) if !current.suspect || *asked => {
+                    return Ok((master.clone(), self.epoch.load(Ordering::Acquire)))
+                }
+                _ => current.rounds,
+            }
+        };
+        *asked = true;
+        let _resolving = self
+            .resolving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        {
+            // Another thread asked while this one waited: its answer is as fresh.
+            let current = self.current();
+            if let (Some(master), true) = (&current.master, current.rounds != rounds) {
+                if !current.suspect {
+                    return Ok((master.clone(), self.epoch.load(Ordering::Acquire)));
+                }
+            }
+        }
+        let named = self.ask(deadline)?;
+        self.observe(&named)?;
+        let mut current = self.current();
+        current.suspect = false;
+        current.rounds += 1;
+        let master = current.master.clone().ok_or_else(|| {
+            RedisError::from((ErrorKind::Io, "the master moved while it was looked up"))
+        })?;
+        Ok((master, self.epoch.load(Ordering::Acquire)))
+    }
+
+    /// Asks every sentinel, in turn, for the master, and takes the answer of the highest
+    /// configuration epoch: right after a failover a sentinel that was not its leader may still
+    /// name the old master for a second or two, and an old master that comes back says `ROLE
+    /// master` for about ten seconds, so the first answer is not enough. Each sentinel gets its
+    /// share of the time left, so one that is frozen leaves time for the others; the first to
+    /// name the master moves to the front.
+    fn ask(&self, deadline: Instant) -> RedisResult<Named> {
+        let sentinels = self
+            .sentinels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut failures = Vec::new();
+        let mut unknown = 0;
+        let mut best: Option<(usize, Named)> = None;
+        for (i, sentinel) in sentinels.iter().enumerate() {
+            let left = left(deadline);
+            let share = left / u32::try_from(sentinels.len() - i).unwrap_or(u32::MAX);
+            if left.is_zero() {
+                failures.push(format!("{}: not asked, out of time", sentinel.shown));
+                continue;
+            }
+            match master_addr(&sentinel.client, &self.name, share.max(MIN_SHARE).min(left)) {
+                Ok(Some(named)) => {
+                    if best
+                        .as_ref()
+                        .is_none_or(|(_, b)| named.config_epoch > b.config_epoch)
+                    {
+                        best = Some((i, named));
+                    }
+                }
+                Ok(None) => {
+                    unknown += 1;
+                    failures.push(format!(
+                        "{}: no master named {:?}",
+                        sentinel.shown, self.name
+                    ));
+                }
+                Err(e) if is_refusal(&e) => return Err(e),
+                Err(e) => failures.push(format!("{}: {e}", sentinel.shown)),
+            }
+        }
+        if let Some((i, named)) = best {
+            if i > 0 {
+                let mut order = self
+                    .sentinels
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if let Some(at) = order.iter().position(|s| s.shown == sentinels[i].shown) {
+                    let answered = order.remove(at);
+                    order.insert(0, answered);
+                }
+            }
+            return Ok(named);
+        }
+        // Every sentinel that answered knows no such master: a set-up error (a misspelt name,
+        // say), which asking again will not fix.
+        if unknown > 0 {
+            return Err(RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "no sentinel knows the master",
+                failures.join("; "),
+            )));
+        }
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            format!(
+                "no sentinel named the master {:?}: {}",
+                self.name,
+                failures.join("; ")
+            ),
+        )))
+    }
+
+    /// The sentinels (or the watcher) name `host:port` as the master: a new address starts a
+    /// new epoch.
+    fn observe(&self, named: &Named) -> RedisResult<()> {
+        let Named {
+            host,
+            port,
+            config_epoch,
+        } = named;
+        let (host, port) = (host.as_str(), *port);
+        let mut current = self.current();
+        // A sentinel that has not heard of the latest failover yet.
+        if *config_epoch < current.config_epoch {
+            return Ok(());
+        }
+        current.config_epoch = *config_epoch;
+        if let Some(master) = &current.master {
+            if master.host == host && master.port == port {
+                return Ok(());
+            }
+        }
+        let client = self.client_for(host, port)?;
+        let previous = current.master.replace(Master {
+            host: host.to_owned(),
+            port,
+            client,
+        });
+        current.suspect = false;
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        drop(current);
+        match previous {
+            Some(old) => log::info!(
+                "fencelock: the master {:?} moved from {}:{} to {host}:{port}",
+                self.name,
+                old.host,
+                old.port
+            ),
+            None => log::debug!("fencelock: the master {:?} is {host}:{port}", self.name),
+        }
+        Ok(())
+    }
+
+    /// The master made at `epoch` looks unreachable: ask the sentinels before the next
+    /// connection.
+    fn suspect(&self, epoch: u64) {
+        if self.epoch.load(Ordering::Acquire) == epoch {
+            self.current().suspect = true;
+        }
+    }
+
+    /// The master made at `epoch` says it is no master: forget it, and drop every connection
+    /// to it.
+    fn moved_off(&self, epoch: u64) {
+        let mut current = self.current();
+        if self.epoch.load(Ordering::Acquire) == epoch && current.master.is_some() {
+            current.master = None;
+            current.suspect = true;
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn client_for(&self, host: &str, port: u16) -> RedisResult<redis::Client> {
+        let addr = match &self.tls {
+            None => ConnectionAddr::Tcp(host.to_owned(), port),
+            Some(_) => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+        };
+        let info = addr.into_connection_info()?;
+        let tcp = info.tcp_settings().clone().set_nodelay(true);
+        let info = info
+            .set_tcp_settings(tcp)
+            .set_redis_settings(self.template.clone());
+        match &self.tls {
+            None => redis::Client::open(info),
+            Some(tls) => crate::tls::client(info, tls).map_err(|e| {
+                RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "TLS settings",
+                    e.to_string(),
+                ))
+            }),
+        }
+    }
+}
+
+enum Role {
+    Master,
+    Other(String),
+}
+
+/// Connects to a data node and asks its `ROLE`.
+fn open(
+    client: &redis::Client,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> RedisResult<(redis::Connection, Role)> {
+    let connect_timeout = connect_timeout.max(Duration::from_millis(1));
+    let mut con = client.get_connection_with_timeout(connect_timeout)?;
+    con.set_read_timeout(Some(response_timeout))?;
+    con.set_write_timeout(Some(response_timeout))?;
+    let role = role(&mut con)?;
+    Ok((con, role))
+}
+
+fn role(con: &mut redis::Connection) -> RedisResult<Role> {
+    let reply: Value = redis::cmd("ROLE").query(con)?;
+    let first = match reply {
+        Value::Array(items) => items.into_iter().next(),
+        _ => None,
+    };
+    let role: String = match first {
+        Some(value) => redis::from_redis_value(value)?,
+        None => {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "ROLE gave no role",
+            )))
+        }
+    };
+    Ok(if role == "master" {
+        Role::Master
+    } else {
+        Role::Other(role)
+    })
+}
+
+/// `SENTINEL MASTER name` on a new connection to a sentinel.
+fn master_addr(
+    sentinel: &redis::Client,
+    name: &str,
+    timeout: Duration,
+) -> RedisResult<Option<Named>> {
+    let mut con = sentinel.get_connection_with_timeout(timeout)?;
+    con.set_read_timeout(Some(timeout))?;
+    con.set_write_timeout(Some(timeout))?;
+    ask_master_addr(&mut con, name)
+}
+
+/// The master's address (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and configuration epoch (from
+/// `SENTINEL MASTER`), in one round trip; `None` if the sentinel knows no such master. The
+/// address comes from the first: while a failover updates the configuration, it already names
+/// the promoted replica, where `SENTINEL MASTER` still shows the old master.
+fn ask_master_addr(con: &mut redis::Connection, name: &str) -> RedisResult<Option<Named>> {
+    let (addr, master): (Option<(String, u16)>, Value) = redis::pipe()
+        .cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(name)
+        .cmd("SENTINEL")
+        .arg("MASTER")
+        .arg(name)
+        .ignore_errors()
+        .query(con)?;
+    let Some((host, port)) = addr else {
+        return Ok(None);
+    };
+    let fields: Vec<String> = match master {
+        Value::ServerError(e) => return Err(e.into()),
+        value => redis::from_redis_value(value)?,
+    };
+    let config_epoch = fields
+        .chunks(2)
+        .find(|pair| pair[0] == "config-epoch")
+        .and_then(|pair| pair.get(1)?.parse().ok())
+        .ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "SENTINEL MASTER without a config-epoch",
+            ))
+        })?;
+    Ok(Some(Named {
+        host,
+        port,
+        config_epoch,
+    }))
+}
+
+/// The watcher: follows `+switch-master` on one sentinel, and every [`CHECK`] asks it for the
+/// master and the master for its role. Exits within a [`CHECK`] of its client being dropped.
+fn watch(state: &Weak<State>, timeout: Duration) {
+    let mut next = 0;
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let sentinel = {
+            let Some(state) = state.upgrade() else {
+                return;
+            };
+            let sentinels = state
+                .sentinels
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            sentinels[next % sentinels.len()].clone()
+        };
+        match follow(state, &sentinel, timeout, &mut backoff) {
+            Ok(()) => return,
+            Err(e) => {
+                log::debug!(
+                    "fencelock: sentinel {} not followed, trying the next: {e}",
+                    sentinel.shown
+                );
+                next += 1;
+            }
+        }
+        // Sleep in steps, to notice the client going.
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            if state.strong_count() == 0 {
+                return;
+            }
+            thread::sleep(left(until).min(CHECK));
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Follows one sentinel until the client is gone (`Ok`) or the sentinel fails (`Err`).
+fn follow(
+    state: &Weak<State>,
+    sentinel: &Addressed,
+    timeout: Duration,
+    backoff: &mut Duration,
+) -> RedisResult<()> {
+    let name = match state.upgrade() {
+        Some(state) => state.name.clone(),
+        None => return Ok(()),
+    };
+    let mut events = sentinel.client.get_connection_with_timeout(timeout)?;
+    events.set_write_timeout(Some(timeout))?;
+    events.set_read_timeout(Some(timeout))?;
+    events.send_packed_command(
+        &redis::cmd("SUBSCRIBE")
+            .arg("+switch-master")
+            .get_packed_command(),
+    )?;
+    events.recv_response()?.extract_error()?;
+    events.set_read_timeout(Some(CHECK))?;
+    let mut questions = sentinel.client.get_connection_with_timeout(timeout)?;
+    questions.set_read_timeout(Some(timeout))?;
+    questions.set_write_timeout(Some(timeout))?;
+    *backoff = Duration::from_millis(10);
+    let mut master_con: Option<(u64, redis::Connection)> = None;
+    let mut checked = Instant::now() - CHECK;
+    loop {
+        match events.recv_response() {
+            Ok(value) => {
+                if switched(value, &name) {
+                    // Asked at once below: the message has no configuration epoch.
+                    checked = Instant::now() - CHECK;
+                }
+            }
+            Err(e) if e.is_timeout() || crate::wire::interrupted(&e) => {}
+            Err(e) => return Err(e),
+        }
+        if checked.elapsed() < CHECK {
+            continue;
+        }
+        checked = Instant::now();
+        let Some(state) = state.upgrade() else {
+            return Ok(());
+        };
+        if let Some(named) = ask_master_addr(&mut questions, &name)? {
+            let _ = state.observe(&named);
+        }
+        // Briefly: a frozen master must not hold up the switch-master messages behind it.
+        check_role(&state, &mut master_con, CHECK.min(timeout));
+    }
+}
+
+/// Asks the master the client knows for its role; one that says it is a replica is left.
+fn check_role(state: &State, con: &mut Option<(u64, redis::Connection)>, timeout: Duration) {
+    let epoch = state.epoch.load(Ordering::Acquire);
+    if con.as_ref().is_some_and(|(made, _)| *made != epoch) {
+        *con = None;
+    }
+    if con.is_none() {
+        let Some(master) = state.current().master.clone() else {
+            return;
+        };
+        match open(&master.client, timeout, timeout) {
+            Ok((made, Role::Master)) => *con = Some((epoch, made)),
+            Ok((_, Role::Other(_))) => state.moved_off(epoch),
+            Err(_) => {}
+        }
+        return;
+    }
+    if let Some((_, master)) = con {
+        match role(master) {
+            Ok(Role::Master) => {}
+            Ok(Role::Other(_)) => {
+                *con = None;
+                state.moved_off(epoch);
+            }
+            Err(_) => *con = None,
+        }
+    }
+}
+
+/// Whether `value` is a `+switch-master` message for master `name`: `"<name> <old ip> <old
+/// port> <new ip> <new port>"`.
+fn switched(value: Value, name: &str) -> bool {
+    let Some(msg) = redis::Msg::from_owned_value(value) else {
+        return false;
+    };
+    let payload: String = msg.get_payload().unwrap_or_default();
+    payload.split(' ').next() == Some(name)
+}

@@ -1,0 +1,608 @@
+//! What a client connects to: one server, or the master that Redis Sentinel names.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// The Redis deployment a [`LockClient`](crate::LockClient) or a
+/// [`FencedRedis`](crate::FencedRedis) talks to.
+///
+/// Most programs never name this type: a URL converts into it, so
+/// `LockClient::builder("redis://127.0.0.1:6379/")` is a single server, and a `redis+sentinel://`
+/// URL is the master that a group of sentinels names. Build one by hand to give each sentinel its
+/// own URL, or the data nodes credentials of their own.
+///
+/// # Forms
+///
+/// | form | deployment |
+/// |---|---|
+/// | `redis://[[user]:password@]host[:port][/db]` | one server (`rediss://` with the `tls` feature; `redis+unix:///path` or `unix:///path` for a socket) |
+/// | `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master_name[/db][?sentinel_username=U&sentinel_password=P]` | the master named `master_name` by these sentinels (port 26379 unless given) |
+/// | `rediss+sentinel://...` | the same over TLS, to the sentinels and to the master (the `tls` feature) |
+///
+/// In the Sentinel form the user and password before the hosts are the *data nodes'* (the
+/// master's), as in most Redis clients; the sentinels' own, if they have any, go in the query.
+/// Percent-encode any of `:@/?#&=,%` in a password.
+///
+/// ```
+/// use fencelock::Topology;
+///
+/// # fn main() -> Result<(), fencelock::Error> {
+/// // One server.
+/// let one: Topology = "redis://127.0.0.1:6379/".parse()?;
+///
+/// // Three sentinels watching the master "mymaster", whose data nodes want a password.
+/// let ha: Topology =
+///     "redis+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2,10.0.0.3/mymaster".parse()?;
+/// assert_eq!(
+///     ha,
+///     Topology::sentinel(
+///         ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+///         "mymaster",
+///     )
+///     .master_password("s3cret")
+/// );
+/// // Shown without its password.
+/// assert_eq!(
+///     ha.to_string(),
+///     "redis+sentinel://:***@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster"
+/// );
+/// # let _ = one;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Topology {
+    kind: Kind,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A URL not yet looked at: one server, or a `redis+sentinel://` URL (parsed when built, so
+    /// that `From<&str>` cannot fail).
+    Url(String),
+    Sentinel(SentinelSpec),
+}
+
+/// The sentinels to ask, which master to ask them for, and how to log in to it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SentinelSpec {
+    /// `redis://` (or `rediss://`) URLs of the sentinels, each with its own credentials.
+    pub(crate) sentinels: Vec<String>,
+    pub(crate) master_name: String,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: i64,
+    /// Set by a setter that applies only to Sentinel, on a single-server topology.
+    misuse: Option<&'static str>,
+}
+
+/// The port of a sentinel whose URL gives none.
+pub const SENTINEL_PORT: u16 = 26379;
+
+impl Topology {
+    /// One Redis server at `url`: `redis://[[user]:password@]host[:port][/db]`, `rediss://`
+    /// with the `tls` feature, or `redis+unix:///path`. The same as converting the URL.
+    pub fn single(url: impl Into<String>) -> Topology {
+        Topology {
+            kind: Kind::Url(url.into()),
+        }
+    }
+
+    /// The master that the sentinels at `sentinels` (`redis://[[user]:password@]host:port` each,
+    /// with the sentinel's own credentials if it has any) know as `master_name`.
+    ///
+    /// The client asks the sentinels in turn for the master, checks with `ROLE` that it is
+    /// one, and follows it through failovers: see "Running on Sentinel" in the crate docs.
+    /// Give the master's own credentials and database with
+    /// [`master_password`](Topology::master_password),
+    /// [`master_username`](Topology::master_username) and [`master_db`](Topology::master_db).
+    ///
+    /// ```
+    /// use fencelock::{LockClient, Topology};
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = LockClient::builder(Topology::sentinel(
+    ///         ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380", "redis://127.0.0.1:26381"],
+    ///         "mymaster"))
+    ///     .namespace("orders")
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel<I, S>(sentinels: I, master_name: impl Into<String>) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Topology {
+            kind: Kind::Sentinel(SentinelSpec {
+                sentinels: sentinels.into_iter().map(Into::into).collect(),
+                master_name: master_name.into(),
+                username: None,
+                password: None,
+                db: 0,
+                misuse: None,
+            }),
+        }
+    }
+
+    /// The password of the data nodes (the master and its replicas) of a Sentinel topology,
+    /// when they want one (`requirepass`, or an ACL user's). Only for [`Topology::sentinel`]:
+    /// a single server's password goes in its URL.
+    pub fn master_password(self, password: impl Into<String>) -> Topology {
+        let password = password.into();
+        self.sentinel_only("master_password", |s| s.password = Some(password))
+    }
+
+    /// The ACL user of the data nodes of a Sentinel topology (with
+    /// [`master_password`](Topology::master_password)). Only for [`Topology::sentinel`].
+    pub fn master_username(self, username: impl Into<String>) -> Topology {
+        let username = username.into();
+        self.sentinel_only("master_username", |s| s.username = Some(username))
+    }
+
+    /// The database number on the master of a Sentinel topology (0 unless set). Only for
+    /// [`Topology::sentinel`].
+    pub fn master_db(self, db: i64) -> Topology {
+        self.sentinel_only("master_db", |s| s.db = db)
+    }
+
+    fn sentinel_only(mut self, setter: &'static str, set: impl FnOnce(&mut SentinelSpec)) -> Self {
+        match &mut self.kind {
+            Kind::Sentinel(spec) => set(spec),
+            Kind::Url(url) => match parse_sentinel_url(url) {
+                // A `redis+sentinel://` URL converted from a string: parse it now.
+                Some(Ok(mut spec)) => {
+                    set(&mut spec);
+                    self.kind = Kind::Sentinel(spec);
+                }
+                _ => {
+                    // Reported by build(), which is where every setting is checked.
+                    let mut spec = SentinelSpec::misused(url);
+                    spec.misuse = Some(setter);
+                    self.kind = Kind::Sentinel(spec);
+                }
+            },
+        }
+        self
+    }
+
+    /// What to connect to, checked: a single server's URL, or a Sentinel set-up.
+    pub(crate) fn resolve(&self) -> Result<Kind> {
+        match &self.kind {
+            Kind::Url(url) => match parse_sentinel_url(url) {
+                Some(spec) => Ok(Kind::Sentinel(spec?)),
+                None => Ok(Kind::Url(url.clone())),
+            },
+            Kind::Sentinel(spec) => {
+                spec.check()?;
+                Ok(Kind::Sentinel(spec.clone()))
+            }
+        }
+    }
+}
+
+impl SentinelSpec {
+    /// A stand-in for a single-server URL given a Sentinel-only setting: fails its check.
+    fn misused(url: &str) -> SentinelSpec {
+        SentinelSpec {
+            sentinels: vec![url.to_owned()],
+            master_name: String::new(),
+            username: None,
+            password: None,
+            db: 0,
+            misuse: None,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if let Some(setter) = self.misuse {
+            return Err(Error::invalid(
+                "topology",
+                format!(
+                    "{setter} applies to a Sentinel topology (Topology::sentinel or a \
+                     redis+sentinel:// URL); a single server takes its credentials and database \
+                     in its URL"
+                ),
+            ));
+        }
+        if self.sentinels.is_empty() {
+            return Err(Error::invalid("topology", "no sentinel given"));
+        }
+        if self.master_name.trim().is_empty() {
+            return Err(Error::invalid("topology", "the master name is empty"));
+        }
+        if self
+            .master_name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(Error::invalid(
+                "topology",
+                format!(
+                    "the master name {:?} has white space or control characters",
+                    self.master_name
+                ),
+            ));
+        }
+        if self.db < 0 {
+            return Err(Error::invalid(
+                "topology",
+                format!("the database {} is negative", self.db),
+            ));
+        }
+        let tls = |url: &str| {
+            url.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("rediss://")
+        };
+        if self.sentinels.iter().any(|u| tls(u)) != self.sentinels.iter().all(|u| tls(u)) {
+            return Err(Error::invalid(
+                "topology",
+                "some sentinel URLs are rediss:// and some are not: TLS is all or nothing",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the sentinels, and so the data nodes, are reached over TLS.
+    pub(crate) fn tls(&self) -> bool {
+        self.sentinels
+            .iter()
+            .all(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss://"))
+    }
+}
+
+impl From<&str> for Topology {
+    /// A URL, parsed when the client is built.
+    fn from(url: &str) -> Topology {
+        Topology::single(url)
+    }
+}
+
+impl From<String> for Topology {
+    /// A URL, parsed when the client is built.
+    fn from(url: String) -> Topology {
+        Topology::single(url)
+    }
+}
+
+impl From<&String> for Topology {
+    /// A URL, parsed when the client is built.
+    fn from(url: &String) -> Topology {
+        Topology::single(url.as_str())
+    }
+}
+
+impl From<&Topology> for Topology {
+    fn from(topology: &Topology) -> Topology {
+        topology.clone()
+    }
+}
+
+impl FromStr for Topology {
+    type Err = Error;
+
+    /// Parses any of the [forms](Topology#forms), checking it as a client's build would (a
+    /// single server's URL is checked without TLS settings).
+    fn from_str(url: &str) -> Result<Topology> {
+        match parse_sentinel_url(url) {
+            Some(spec) => Ok(Topology {
+                kind: Kind::Sentinel(spec?),
+            }),
+            None => {
+                crate::connector::check(url)?;
+                Ok(Topology::single(url))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Topology {
+    /// The URL form, without passwords.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Url(url) => f.write_str(&crate::connector::shown(url)),
+            Kind::Sentinel(spec) => {
+                let scheme = if spec.tls() {
+                    "rediss+sentinel"
+                } else {
+                    "redis+sentinel"
+                };
+                write!(f, "{scheme}://")?;
+                match (&spec.username, &spec.password) {
+                    (Some(user), Some(_)) => write!(f, "{}:***@", encode(user))?,
+                    (Some(user), None) => write!(f, "{}@", encode(user))?,
+                    (None, Some(_)) => f.write_str(":***@")?,
+                    (None, None) => {}
+                }
+                for (i, url) in spec.sentinels.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    f.write_str(&host_port(url))?;
+                }
+                write!(f, "/{}", encode(&spec.master_name))?;
+                if spec.db != 0 {
+                    write!(f, "/{}", spec.db)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Topology({self})")
+    }
+}
+
+/// The `host:port` of a sentinel URL, for display.
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, h)| h)
+        .to_owned()
+}
+
+/// Parses a `redis+sentinel://` or `rediss+sentinel://` URL; `None` for any other scheme.
+fn parse_sentinel_url(url: &str) -> Option<Result<SentinelSpec>> {
+    let trimmed = url.trim();
+    let (scheme, rest) = trimmed.split_once("://")?;
+    let tls = match scheme.to_ascii_lowercase().as_str() {
+        "redis+sentinel" => false,
+        "rediss+sentinel" => true,
+        _ => return None,
+    };
+    Some(parse_sentinel_rest(url, rest, tls))
+}
+
+fn parse_sentinel_rest(url: &str, rest: &str, tls: bool) -> Result<SentinelSpec> {
+    const FORM: &str = "expected redis+sentinel://[[user]:password@]host[:port][,host[:port]...]\
+                        /master_name[/db][?sentinel_username=U&sentinel_password=P]";
+    let wrong = |what: String| {
+        Error::invalid(
+            "url",
+            format!("{}: {what}; {FORM}", crate::connector::shown(url)),
+        )
+    };
+    if tls && !cfg!(feature = "tls") {
+        return Err(Error::invalid("url", crate::connector::TLS_IS_OFF));
+    }
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if before_query.contains('#') || query.contains('#') {
+        return Err(wrong("a fragment is not allowed".into()));
+    }
+    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+    let (user_info, hosts) = match authority.rsplit_once('@') {
+        Some((info, hosts)) => (Some(info), hosts),
+        None => (None, authority),
+    };
+    let (username, password) = match user_info {
+        None => (None, None),
+        Some(info) => {
+            let (user, password) = info.split_once(':').unwrap_or((info, ""));
+            let user = decode(user).map_err(wrong)?;
+            let password = decode(password).map_err(wrong)?;
+            (
+                Some(user).filter(|u| !u.is_empty()),
+                Some(password).filter(|p| !p.is_empty()),
+            )
+        }
+    };
+    let mut sentinel_username = None;
+    let mut sentinel_password = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = decode(value).map_err(wrong)?;
+        match name {
+            "sentinel_username" => sentinel_username = Some(value),
+            "sentinel_password" => sentinel_password = Some(value),
+            other => {
+                return Err(wrong(format!(
+                    "unknown parameter {other:?} (known: sentinel_username, sentinel_password)"
+                )))
+            }
+        }
+    }
+    let mut segments = path.split('/').filter(|s| !s.is_empty());
+    let master_name = decode(segments.next().unwrap_or("")).map_err(wrong)?;
+    if master_name.is_empty() {
+        return Err(wrong("no master name after the hosts".into()));
+    }
+    let db = match segments.next() {
+        None => 0,
+        Some(db) => db
+            .parse::<i64>()
+            .ok()
+            .filter(|db| *db >= 0)
+            .ok_or_else(|| wrong(format!("the database {db:?} is not a number")))?,
+    };
+    if let Some(extra) = segments.next() {
+        return Err(wrong(format!("unexpected {extra:?} after the database")));
+    }
+    let sentinel_info = match (&sentinel_username, &sentinel_password) {
+        (None, None) => String::new(),
+        (user, password) => format!(
+            "{}:{}@",
+            encode(user.as_deref().unwrap_or("")),
+            encode(password.as_deref().unwrap_or(""))
+        ),
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err(wrong("an empty host in the list".into()));
+        }
+        let has_port = match host.rsplit_once(':') {
+            // An IPv6 address without a port: the last colon is inside the brackets.
+            Some((_, port)) if port.contains(']') => false,
+            Some((_, port)) => {
+                port.parse::<u16>().map_err(|_| {
+                    wrong(format!("the port {port:?} is not a number from 0 to 65535"))
+                })?;
+                true
+            }
+            None => false,
+        };
+        let host = if has_port {
+            host.to_owned()
+        } else {
+            format!("{host}:{SENTINEL_PORT}")
+        };
+        sentinels.push(format!("{scheme}://{sentinel_info}{host}"));
+    }
+    let spec = SentinelSpec {
+        sentinels,
+        master_name,
+        username,
+        password,
+        db,
+        misuse: None,
+    };
+    spec.check()?;
+    Ok(spec)
+}
+
+/// Percent-decodes `s`.
+fn decode(s: &str) -> std::result::Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "a % is not followed by two hex digits".to_owned())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "a percent-encoded part is not UTF-8".to_owned())
+}
+
+/// Percent-encodes what may not stand as is in a URL's user info or path.
+pub(crate) fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(url: &str) -> SentinelSpec {
+        match url.parse::<Topology>().map(|t| t.kind) {
+            Ok(Kind::Sentinel(spec)) => spec,
+            other => panic!("{url}: {:?}", other.map(|_| "not sentinel")),
+        }
+    }
+
+    #[test]
+    fn parses_the_sentinel_form() {
+        let s =
+            spec("redis+sentinel://u:p%40ss@h1:1,h2,[::1]:3,[::1]/mymaster/2?sentinel_password=sp");
+        assert_eq!(
+            s.sentinels,
+            [
+                "redis://:sp@h1:1",
+                "redis://:sp@h2:26379",
+                "redis://:sp@[::1]:3",
+                "redis://:sp@[::1]:26379"
+            ]
+        );
+        assert_eq!(s.master_name, "mymaster");
+        assert_eq!(s.username.as_deref(), Some("u"));
+        assert_eq!(s.password.as_deref(), Some("p@ss"));
+        assert_eq!(s.db, 2);
+        let s = spec("redis+sentinel://h1/m");
+        assert_eq!(s.sentinels, ["redis://h1:26379"]);
+        assert_eq!((s.username, s.password, s.db), (None, None, 0));
+    }
+
+    #[test]
+    fn says_what_is_wrong_with_a_sentinel_url() {
+        for (url, says) in [
+            ("redis+sentinel://h1:26379", "no master name"),
+            ("redis+sentinel://h1:26379/", "no master name"),
+            ("redis+sentinel://h1:2x/m", "port"),
+            ("redis+sentinel://h1,,h2/m", "empty host"),
+            ("redis+sentinel://h1/m/x", "database"),
+            ("redis+sentinel://h1/m/1/2", "unexpected"),
+            ("redis+sentinel://h1/m?db=1", "unknown parameter"),
+            ("redis+sentinel://:%zz@h1/m", "hex"),
+        ] {
+            match url.parse::<Topology>() {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.contains(says), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn shows_no_password() {
+        let t: Topology = "redis+sentinel://u:hunter2@h1:1,h2:2/m/3?sentinel_password=x"
+            .parse()
+            .unwrap();
+        assert_eq!(t.to_string(), "redis+sentinel://u:***@h1:1,h2:2/m/3");
+        assert!(!format!("{t:?}").contains("hunter2"));
+        let t = Topology::from("redis://:hunter2@h:1/");
+        assert!(!t.to_string().contains("hunter2"), "{t}");
+    }
+
+    #[test]
+    fn sentinel_settings_need_a_sentinel_topology() {
+        let t = Topology::single("redis://h/").master_password("x");
+        assert!(matches!(t.resolve(), Err(Error::InvalidArgument { .. })));
+        // A sentinel URL given as a string takes them.
+        let t = Topology::from("redis+sentinel://h/m").master_db(3);
+        assert!(matches!(
+            t.resolve(),
+            Ok(Kind::Sentinel(SentinelSpec { db: 3, .. }))
+        ));
+    }
+
+    #[test]
+    fn checks_the_api_form() {
+        let none: [&str; 0] = [];
+        for (t, says) in [
+            (Topology::sentinel(none, "m"), "no sentinel"),
+            (Topology::sentinel(["redis://h:1"], " "), "empty"),
+            (Topology::sentinel(["redis://h:1"], "a b"), "white space"),
+            (
+                Topology::sentinel(["redis://h:1"], "m").master_db(-1),
+                "negative",
+            ),
+            (
+                Topology::sentinel(["redis://h:1", "rediss://h:2"], "m"),
+                "all or nothing",
+            ),
+        ] {
+            match t.resolve() {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.contains(says), "{t:?}: {reason}")
+                }
+                other => panic!("{t:?}: {:?}", other.is_ok()),
+            }
+        }
+    }
+}
