@@ -101,6 +101,7 @@ mod renewal;
 mod report;
 mod resp;
 mod rtt;
+mod sentinel;
 mod server;
 mod stats;
 #[cfg(feature = "tls")]
@@ -193,6 +194,9 @@ fn main() {
     }
     if p.selected("pg") {
         pg::run(&server, &p, &mut r);
+    }
+    if p.selected("sentinel") {
+        sentinel::run(&p, &mut r);
     }
     if p.selected("tls") {
         #[cfg(feature = "tls")]
