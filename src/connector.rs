@@ -282,21 +282,21 @@ fn check_url(url: &str) -> Result<()> {
 
 /// A URL as it may appear in a message: without its password.
 pub(crate) fn shown(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest
-            .split(['/', '?', '#'])
-            .next()
-            .and_then(|a| a.rsplit_once('@'))
-        {
-            Some((user_info, _)) => {
-                let user = user_info.split(':').next().unwrap_or("");
-                let host = &rest[user_info.len() + 1..];
-                format!("{scheme}://{user}:***@{host}")
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // `unix:/path?pass=...`: no user info, but the query may carry a password.
+        return url.split(['?', '#']).next().unwrap_or("").to_owned();
+    };
+    // The last `@` ends the user info even when the password holds `/`, `?` or `#`; what
+    // follows the host (a query may carry a password too) is left out.
+    let masked = match rest.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{user}:***@{host}")
+        }
+        None => rest.to_owned(),
+    };
+    let masked = masked.split(['?', '#']).next().unwrap_or("");
+    format!("{scheme}://{masked}")
 }
 
 #[cfg(test)]
@@ -380,6 +380,17 @@ mod tests {
 
     #[test]
     fn keeps_passwords_out_of_messages() {
+        for (url, shows) in [
+            ("unix:///tmp/x.sock?pass=hunter2", "unix:///tmp/x.sock"),
+            ("redis://:pa/ss@h1/", "redis://:***@h1/"),
+            ("redis://:hun?ter2@h1/", "redis://:***@h1/"),
+            (
+                "redis+sentinel://h1/m?sentinel_password=hunter2",
+                "redis+sentinel://h1/m",
+            ),
+        ] {
+            assert_eq!(shown(url), shows);
+        }
         let reason = reason("redis://user:hunter2@a:1,b:2/");
         assert!(!reason.contains("hunter2"), "{reason}");
         assert!(reason.contains("user:***@a:1,b:2"), "{reason}");

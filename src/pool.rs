@@ -322,11 +322,17 @@ impl Pool {
         let mut cut = self.cut_reads(&mut conn, deadline);
         let mut result = f(&mut conn.con, first);
         let mut reconnected = false;
+        // Whether any run so far may have taken effect.
+        let mut run = first;
         for _ in 0..wire::MAX_INTERRUPTS {
             match &result {
                 // A connection broke, or went to a server that is no longer the node's master
-                // (which refused the command unrun): once more, on a fresh connection.
+                // (which refused the command unrun, so this run counts as not having happened):
+                // once more, on a fresh connection.
                 Err(e) if (broke(e) || self.connector.not_master(e)) && !reconnected => {
+                    if broke(e) {
+                        run = Run::Retry;
+                    }
                     self.retire_all(e);
                     self.put(conn);
                     conn = self.get()?;
@@ -334,10 +340,10 @@ impl Pool {
                     reconnected = true;
                 }
                 // A signal cut the wait for the reply; the connection is fine (see `wire`).
-                Err(e) if wire::interrupted(e) => {}
+                Err(e) if wire::interrupted(e) => run = Run::Retry,
                 _ => break,
             }
-            result = f(&mut conn.con, Run::Retry);
+            result = f(&mut conn.con, run);
         }
         if cut {
             // Back to the response timeout for the next borrower, whatever the reply was (an
@@ -396,9 +402,10 @@ impl Pool {
     ) -> Result<T> {
         match self.combined(packed) {
             Combined::Reply(value) => reply(value).map_err(Error::from_redis),
+            // Refused unrun by a server that is no longer the master: as if never sent.
             Combined::Failed(e) if self.connector.not_master(&e) => {
                 self.retire_all(&e);
-                self.run_from(f, Run::Retry, None)
+                self.run_from(f, Run::First, None)
             }
             Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
             Combined::Failed(_) => self.run_from(f, Run::Retry, None),

@@ -257,7 +257,7 @@ impl State {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let mut failures = Vec::new();
-        let mut unknown = 0;
+        let (mut unknown, mut refused) = (0, 0);
         let mut best: Option<(usize, Named)> = None;
         for (i, sentinel) in sentinels.iter().enumerate() {
             let left = left(deadline);
@@ -282,7 +282,12 @@ impl State {
                         sentinel.shown, self.name
                     ));
                 }
-                Err(e) if is_refusal(&e) => return Err(e),
+                Err(e) if is_refusal(&e) => {
+                    // One sentinel's refusal (a password it wants) is its own: the others may
+                    // answer. Only if none can is the set-up wrong.
+                    refused += 1;
+                    failures.push(format!("{}: {e}", sentinel.shown));
+                }
                 Err(e) => failures.push(format!("{}: {e}", sentinel.shown)),
             }
         }
@@ -299,12 +304,17 @@ impl State {
             }
             return Ok(named);
         }
-        // Every sentinel that answered knows no such master: a set-up error (a misspelt name,
-        // say), which asking again will not fix.
-        if unknown > 0 {
+        // Every sentinel answered, and none knows such a master or would let us ask: a set-up
+        // error (a misspelt name, a password), which asking again will not fix.
+        if unknown + refused == sentinels.len() {
+            let kind = if unknown > 0 {
+                ErrorKind::MasterNameNotFoundBySentinel
+            } else {
+                ErrorKind::AuthenticationFailed
+            };
             return Err(RedisError::from((
-                ErrorKind::MasterNameNotFoundBySentinel,
-                "no sentinel knows the master",
+                kind,
+                "no sentinel named the master",
                 failures.join("; "),
             )));
         }
@@ -345,7 +355,11 @@ impl State {
             client,
         });
         current.suspect = false;
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        if previous.is_some() {
+            // Only a move retires connections: the first master found is where the ones made
+            // while it was looked up went.
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
         drop(current);
         match previous {
             Some(old) => log::info!(
@@ -561,13 +575,17 @@ fn follow(
     questions.set_write_timeout(Some(timeout))?;
     *backoff = Duration::from_millis(10);
     let mut master_con: Option<(u64, redis::Connection)> = None;
-    let mut checked = Instant::now() - CHECK;
+    let mut checked = Instant::now()
+        .checked_sub(CHECK)
+        .unwrap_or_else(Instant::now);
     loop {
         match events.recv_response() {
             Ok(value) => {
                 if switched(value, &name) {
                     // Asked at once below: the message has no configuration epoch.
-                    checked = Instant::now() - CHECK;
+                    checked = Instant::now()
+                        .checked_sub(CHECK)
+                        .unwrap_or_else(Instant::now);
                 }
             }
             Err(e) if e.is_timeout() || crate::wire::interrupted(&e) => {}
