@@ -123,6 +123,12 @@ impl Builder {
     /// released and reported as [`Error::NotReplicated`], never as held: after a failover to a
     /// replica, an acknowledged grant (its lock and its token) is still there.
     ///
+    /// Renewals wait the same way: the renewal thread ends each pipeline with the `WAIT`, and a
+    /// renewal acknowledged by too few replicas does not move the guard's deadline, so a guard
+    /// never says held past the lease its replicas know. While replicas stay out of reach, held
+    /// locks are therefore reported lost when their lease runs out, though the master still has
+    /// them.
+    ///
     /// `replicas` from 1; `timeout` greater than zero and shorter than the response timeout, as
     /// the WAIT shares the connection's reply budget. Off by default.
     pub fn min_replica_acks(mut self, replicas: u32, timeout: Duration) -> Builder {

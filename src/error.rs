@@ -115,13 +115,15 @@ pub enum Error {
     #[error("waiting for the lock was cancelled")]
     Cancelled,
 
-    /// The grant reached fewer replicas than
+    /// A write reached fewer replicas than
     /// [`Builder::min_replica_acks`](crate::Builder::min_replica_acks) requires within its
-    /// timeout. It was released again (compare-and-delete) and never reported as held; a
-    /// failover now could have lost it.
-    #[error("the grant reached {acked} of the {required} replicas required; it was released")]
+    /// timeout, so a failover now could undo it. From `lock` and `try_lock`: the grant was
+    /// released again (compare-and-delete) and never reported as held. From
+    /// [`LockGuard::extend`](crate::LockGuard::extend): the longer lease does not count, and the
+    /// guard stays held until the deadline it had before.
+    #[error("the write reached {acked} of the {required} replicas required in time")]
     NotReplicated {
-        /// Replicas that acknowledged the grant in time.
+        /// Replicas that acknowledged the write in time.
         acked: u32,
         /// Replicas required.
         required: u32,

@@ -114,7 +114,10 @@ impl LockGuard {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of range, before
     /// any network call; [`Error::LockLost`](crate::Error::LockLost) if the lock is no longer
-    /// ours; connection errors and timeouts as for any command.
+    /// ours; [`Error::NotReplicated`](crate::Error::NotReplicated) when
+    /// [`min_replica_acks`](crate::Builder::min_replica_acks) is on and too few replicas
+    /// acknowledged the extend in time (the lock stays held until the deadline it had before);
+    /// connection errors and timeouts as for any command.
     pub fn extend(&self, lease: Duration) -> Result<()> {
         let extended = validate_lease(lease).and_then(|()| self.locks.extend(&self.grant, lease));
         metrics::outcome(self.grant.keys.namespace(), Op::Extend, &extended);

@@ -71,6 +71,7 @@ impl Locks {
             config.lease,
             config.connection_timeout,
             config.response_timeout,
+            config.replica_acks,
         )
         .map_err(thread_error)?;
         Ok(Arc::new(Locks {

@@ -38,7 +38,7 @@ impl Locks {
         match answer.recv_timeout(patience) {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(lost()),
-            Ok(Err(e)) => Err(Error::from_redis(e)),
+            Ok(Err(e)) => Err(e),
             // The thread is gone, and with it every lease it kept: see Renewer's Drop.
             Err(RecvTimeoutError::Disconnected) => Err(lost()),
             Err(RecvTimeoutError::Timeout) => Err(Error::Connection(

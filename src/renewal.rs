@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::connector::{Connector, Node};
+use crate::error::Error;
 use crate::grant::Grant;
 use crate::metrics;
-use crate::scripts;
-use crate::wire::Interrupted;
+use crate::scripts::{self, ReplicaAcks};
+use crate::wire::{self, Arg, Interrupted};
 
 mod schedule;
 
@@ -54,7 +55,7 @@ enum Command {
     Extend {
         grant: Arc<Grant>,
         lease: Duration,
-        reply: Sender<redis::RedisResult<bool>>,
+        reply: Sender<Result<bool, Error>>,
     },
 }
 
@@ -100,7 +101,7 @@ impl Renewal {
         &self,
         grant: Arc<Grant>,
         lease: Duration,
-    ) -> Receiver<redis::RedisResult<bool>> {
+    ) -> Receiver<Result<bool, Error>> {
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.push(
             Command::Extend {
@@ -142,6 +143,9 @@ struct Renewer {
     connector: Arc<Connector>,
     connection_timeout: Duration,
     response_timeout: Duration,
+    /// Replicas that must acknowledge a renewal before it counts
+    /// ([`Builder::min_replica_acks`](crate::Builder::min_replica_acks)).
+    acks: Option<ReplicaAcks>,
     /// One connection per node, made when first needed and dropped when it fails or its node
     /// moves to another server (with the connector's epoch when it was made).
     cons: HashMap<Node, (u64, redis::Connection)>,
@@ -156,6 +160,7 @@ pub(crate) fn spawn(
     lease: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
+    acks: Option<ReplicaAcks>,
 ) -> std::io::Result<Renewal> {
     let (doorbell, rung) = crossbeam_channel::bounded(1);
     let inbox = Arc::new(Mutex::new(Inbox::default()));
@@ -165,6 +170,7 @@ pub(crate) fn spawn(
         connector,
         connection_timeout,
         response_timeout,
+        acks,
         cons: HashMap::new(),
         schedule: Schedule::default(),
         buf: (Vec::new(), Vec::new()),
@@ -284,10 +290,23 @@ impl Renewer {
                 return;
             }
         };
+        let (replies, short) = self.acknowledged(replies);
+        if let Some(acked) = short {
+            log::debug!(
+                "fencelock: renewals of {} lease(s) reached {acked} of the replicas required; \
+                 not counted, retrying",
+                batch.len()
+            );
+        }
         let (now, first) = (Instant::now(), Arc::clone(&batch[0]));
         let mut renewed = 0;
         let replies = replies.into_iter().map(|reply| match reply {
-            Some(Ok(reply)) => Reply::from(&scripts::extended(reply)),
+            Some(Ok(reply)) => match scripts::extended(reply) {
+                // Re-armed on the master only: a failover now would bring back the lease as it
+                // was, so the deadline stays where the last acknowledged renewal put it.
+                Ok(true) if short.is_some() => Reply::Unknown,
+                reply => Reply::from(&reply),
+            },
             Some(Err(e)) => Reply::Refused(e.to_string()),
             // A signal interrupted the read of it.
             None => Reply::Unknown,
@@ -298,17 +317,35 @@ impl Renewer {
         metrics::renewed(&first.keys, now - sent, renewed);
     }
 
+    /// Splits the reply of the trailing `WAIT` off a pipeline's replies, when replica
+    /// acknowledgement is on; the second value is the count acknowledged when it is too low
+    /// (an unread or refused `WAIT` counts as none).
+    fn acknowledged(
+        &self,
+        mut replies: Vec<Option<redis::RedisResult<redis::Value>>>,
+    ) -> (Vec<Option<redis::RedisResult<redis::Value>>>, Option<u32>) {
+        let Some(acks) = self.acks else {
+            return (replies, None);
+        };
+        let acked = match replies.pop() {
+            Some(Some(Ok(value))) => redis::from_redis_value::<u32>(value).unwrap_or(0),
+            _ => 0,
+        };
+        (replies, (acked < acks.replicas).then_some(acked))
+    }
+
     /// An explicit extend. A connection failure is only reported: the grant stays tracked, and
-    /// its renewal (if on) or its deadline takes its course.
-    fn extend_one(&mut self, grant: &Arc<Grant>, lease: Duration) -> redis::RedisResult<bool> {
+    /// its renewal (if on) or its deadline takes its course. So does an extend too few replicas
+    /// acknowledged, which is answered with [`Error::NotReplicated`].
+    fn extend_one(&mut self, grant: &Arc<Grant>, lease: Duration) -> Result<bool, Error> {
         if !self.schedule.tracks(grant.id) {
             return Ok(false);
         }
         let mut sent = Instant::now();
         let mut reply = self.extend_once(grant, lease);
-        for _ in 0..crate::wire::MAX_INTERRUPTS {
+        for _ in 0..wire::MAX_INTERRUPTS {
             match &reply {
-                Err(e) if crate::wire::interrupted(e) => {
+                Err(e) if wire::interrupted(e) => {
                     sent = Instant::now();
                     reply = self.extend_once(grant, lease);
                 }
@@ -317,30 +354,54 @@ impl Renewer {
         }
         let outcome = match &reply {
             Err(e) if e.is_io_error() || self.connector.not_master(e) => {
-                if !crate::wire::interrupted(e) {
+                if !wire::interrupted(e) {
                     let node = self.connector.node_of(&grant.keys);
                     self.cons.remove(&node);
                     self.connector.failed(node, e);
                 }
                 Reply::Unknown
             }
-            reply => Reply::from(reply),
+            Err(e) => Reply::Refused(e.to_string()),
+            Ok((true, Some(_))) => Reply::Unknown,
+            Ok((true, None)) => Reply::Extended,
+            Ok((false, _)) => Reply::Gone,
         };
         report(
             self.schedule
                 .extended(grant, lease, outcome, sent, Instant::now()),
         );
-        reply.map(|extended| extended && grant.is_held())
+        match reply {
+            Ok((true, Some(acked))) => Err(Error::NotReplicated {
+                acked,
+                required: self.acks.map_or(0, |a| a.replicas),
+            }),
+            Ok((extended, _)) => Ok(extended && grant.is_held()),
+            Err(e) => Err(Error::from_redis(e)),
+        }
     }
 
-    fn extend_once(&mut self, grant: &Arc<Grant>, lease: Duration) -> redis::RedisResult<bool> {
+    /// One extend call (and `WAIT`, with replica acknowledgement on): whether the lease was
+    /// re-armed, and the count acknowledged when it is too low.
+    fn extend_once(
+        &mut self,
+        grant: &Arc<Grant>,
+        lease: Duration,
+    ) -> redis::RedisResult<(bool, Option<u32>)> {
         let node = self.connector.node_of(&grant.keys);
+        let acks = self.acks;
         let con = self.connection(node, std::slice::from_ref(grant))?;
-        scripts::extend(con, &grant.keys, grant.keys.owner(), lease)
+        let owner = grant.keys.owner();
+        match acks {
+            None => scripts::extend(con, &grant.keys, owner, lease).map(|ours| (ours, None)),
+            Some(acks) => scripts::extend_acked(con, &grant.keys, owner, lease, acks)
+                .map(|(ours, acked)| (ours, (acked < acks.replicas).then_some(acked))),
+        }
     }
 
     /// One pipeline of extend calls to `node`, with a reply per call (`None`: a signal
-    /// interrupted the read of it).
+    /// interrupted the read of it), and with replica acknowledgement on, a `WAIT` behind them
+    /// and its reply last: the extends are this connection's writes, so it counts the replicas
+    /// that have all of them.
     fn extend_all(
         &mut self,
         node: Node,
@@ -354,8 +415,25 @@ impl Renewer {
             scripts::pack_extend(&mut buf, &grant.keys, grant.keys.owner(), *lease);
             ends.push(buf.len());
         }
+        // A WAIT sent again by itself would count nothing of ours: with one, an interrupted read
+        // leaves its command unanswered (and its lease unconfirmed) instead.
+        let on_interrupt = match self.acks {
+            None => Interrupted::SendAgain,
+            Some(acks) => {
+                wire::pack(
+                    &mut buf,
+                    &[
+                        Arg::Str("WAIT"),
+                        Arg::Int(u64::from(acks.replicas)),
+                        Arg::Int(scripts::millis(acks.timeout)),
+                    ],
+                );
+                ends.push(buf.len());
+                Interrupted::LeaveUnanswered
+            }
+        };
         let result = self.connection(node, batch).and_then(|con| {
-            scripts::run_pipeline(con, &scripts::EXTEND, &buf, &ends, Interrupted::SendAgain)
+            scripts::run_pipeline(con, &scripts::EXTEND, &buf, &ends, on_interrupt)
         });
         self.buf = (buf, ends);
         result

@@ -250,3 +250,56 @@ fn with_replica_acks_an_unreplicated_handoff_is_never_reported_held() {
         "an unreplicated handoff was left behind on the master"
     );
 }
+
+/// A renewal re-arms the lease on the master at once, but a failover brings back the lease as the
+/// replica had it. With replica acknowledgement, a renewal the replica did not acknowledge does
+/// not count: the guard turns not held by the deadline the replica knows, so no client can take
+/// the lock on a promoted replica while the guard still says held.
+#[test]
+fn with_replica_acks_an_unreplicated_renewal_never_keeps_a_guard_held() {
+    const LEASE: Duration = Duration::from_millis(1500);
+    let pair = Pair::start();
+    let client = LockClient::builder(pair.master.url())
+        .namespace(support::NAMESPACE)
+        .lease(LEASE)
+        .min_replica_acks(1, ms(200))
+        .build()
+        .unwrap();
+    let guard = client.lock("renewed").unwrap();
+    // With the link up, acknowledged renewals keep it held past its first lease.
+    thread::sleep(LEASE + ms(500));
+    assert!(guard.is_held(), "acknowledged renewals did not keep it");
+
+    pair.link.set_mode(Mode::Blackhole);
+    let err = guard.extend(LEASE * 4).unwrap_err();
+    assert!(err.is_not_replicated(), "{err:?}");
+    assert!(guard.is_held(), "an unacknowledged extend cut the lease");
+
+    // Promote the replica once the lease it knows is over (renewals since the cut reached only
+    // the master, which still has the lock), and take the lock there.
+    thread::sleep(LEASE + ms(200));
+    let mut replica = pair.replica.connection();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica)
+        .unwrap();
+    let other = lock_client(&pair.replica, 30_000);
+    let taken = other
+        .try_lock("renewed", ms(3_000))
+        .unwrap()
+        .expect("the lock was not free on the promoted replica");
+    assert!(
+        !guard.is_held(),
+        "the guard says held while another client holds the lock (token {} on the promoted \
+         replica)",
+        taken.token()
+    );
+    assert!(
+        guard.lost().try_recv().is_ok(),
+        "the loss was not signalled"
+    );
+    // The master still has it: it was renewed there all along.
+    let mut master = pair.master.connection();
+    assert!(support::lock_exists(&mut master, "renewed"));
+}
