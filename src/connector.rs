@@ -126,15 +126,16 @@ impl Connector {
         self.connect(Node::SINGLE, connect_timeout, response_timeout)
     }
 
-    /// A connection to `node` broke under a command, or a command failed with `error`. A single
-    /// server has nowhere else to look: the caller's own retry and reconnect are all there is.
-    /// Under Sentinel, the sentinels are asked again before the next connection.
-    pub(crate) fn failed(&self, node: Node, error: &redis::RedisError) {
+    /// A connection to `node` made at `epoch` broke under a command, or a command on it failed
+    /// with `error`. A single server has nowhere else to look: the caller's own retry and
+    /// reconnect are all there is. Under Sentinel, the sentinels are asked again before the next
+    /// connection, unless the master moved since `epoch` (the failure is then old news).
+    pub(crate) fn failed(&self, node: Node, epoch: u64, error: &redis::RedisError) {
         match &self.shape {
             Shape::Single(_) => {
-                let _ = (node, error);
+                let _ = (node, epoch, error);
             }
-            Shape::Sentinel(sentinel) => sentinel.failed(error),
+            Shape::Sentinel(sentinel) => sentinel.failed(epoch, error),
         }
     }
 

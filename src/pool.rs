@@ -165,10 +165,17 @@ impl Pool {
     }
 
     /// An idle connection, or a new one made within the connection timeout, or, with every
-    /// connection in use, the first one given back within the connection timeout. A failed
+    /// connection in use, the first one given back within the connection timeout; either by
+    /// `deadline` at the latest, when the caller has one (at least [`MIN_READ`]). A failed
     /// connection attempt is reported at once, with its cause: never retried here.
-    fn get(&self) -> Result<Conn> {
+    fn get(&self, deadline: Option<Instant>) -> Result<Conn> {
         let started = Instant::now();
+        let patience = match deadline {
+            Some(deadline) => self
+                .connection_timeout
+                .min(deadline.saturating_duration_since(started).max(MIN_READ)),
+            None => self.connection_timeout,
+        };
         let mut slots = self.shelf.slots();
         // Popped stale connections, dropped once the lock is released (their drop takes it).
         let mut stale = Vec::new();
@@ -186,14 +193,10 @@ impl Pool {
                 slots.open += 1;
                 drop(slots);
                 drop(stale);
-                return self.connect();
+                return self.connect(patience);
             }
             let waited = started.elapsed();
-            let Some(left) = self
-                .connection_timeout
-                .checked_sub(waited)
-                .filter(|l| !l.is_zero())
-            else {
+            let Some(left) = patience.checked_sub(waited).filter(|l| !l.is_zero()) else {
                 return Err(Error::PoolExhausted {
                     size: self.size,
                     waited,
@@ -219,12 +222,12 @@ impl Pool {
         self.shelf.returned.notify_one();
     }
 
-    /// Makes a connection for a place already counted in `open`.
-    fn connect(&self) -> Result<Conn> {
+    /// Makes a connection for a place already counted in `open`, within `timeout`.
+    fn connect(&self, timeout: Duration) -> Result<Conn> {
         let generation = self.made.fetch_add(1, Ordering::Relaxed);
         // Read before connecting: a connection made while the epoch moves counts as older.
         let epoch = self.connector.epoch(self.node);
-        match self.connect_aside() {
+        match self.connect_aside(timeout) {
             Ok(con) => Ok(Conn {
                 con,
                 generation,
@@ -243,16 +246,15 @@ impl Pool {
         }
     }
 
-    /// A new connection, made on a thread of its own while this one waits for it, at most the
-    /// connection timeout. A signal that interrupts the handshake's reads (EINTR, see `wire`)
+    /// A new connection, made on a thread of its own while this one waits for it, at most
+    /// `connection_timeout`. A signal that interrupts the handshake's reads (EINTR, see `wire`)
     /// can leave redis-rs waiting for a reply it already consumed until the timeout runs out;
     /// the caller's thread is the one a program's signals target (a profiler, a timer), the
     /// connecting thread is not.
-    fn connect_aside(&self) -> redis::RedisResult<redis::Connection> {
+    fn connect_aside(&self, connection_timeout: Duration) -> redis::RedisResult<redis::Connection> {
         let (made, connection) = crossbeam_channel::bounded(1);
         let connector = Arc::clone(&self.connector);
-        let (node, connection_timeout, response_timeout) =
-            (self.node, self.connection_timeout, self.response_timeout);
+        let (node, response_timeout) = (self.node, self.response_timeout);
         let spawned = std::thread::Builder::new()
             .name("fencelock-connect".into())
             .spawn(move || {
@@ -318,7 +320,7 @@ impl Pool {
         first: Run,
         deadline: Option<Instant>,
     ) -> Result<T> {
-        let mut conn = self.get()?;
+        let mut conn = self.get(deadline)?;
         let mut cut = self.cut_reads(&mut conn, deadline);
         let mut result = f(&mut conn.con, first);
         let mut reconnected = false;
@@ -333,9 +335,9 @@ impl Pool {
                     if broke(e) {
                         run = Run::Retry;
                     }
-                    self.retire_all(e);
+                    self.retire_all(conn.epoch, e);
                     self.put(conn);
-                    conn = self.get()?;
+                    conn = self.get(deadline)?;
                     cut = self.cut_reads(&mut conn, deadline);
                     reconnected = true;
                 }
@@ -372,16 +374,24 @@ impl Pool {
     }
 
     /// Runs `f` once, for work that must not be repeated (the first run may have taken effect
-    /// before a connection broke). A broken connection still retires every older one.
+    /// before a connection broke). A broken connection still retires every older one. A call a
+    /// server refused because it is no master any more (READONLY, say) did not run, and goes
+    /// once more, on a fresh connection.
     pub(crate) fn run_once<T>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        let mut conn = self.get()?;
-        let result = f(&mut conn.con);
+        let mut conn = self.get(None)?;
+        let mut result = f(&mut conn.con);
         if let Err(e) = &result {
-            if broke(e) || self.connector.not_master(e) {
-                self.retire_all(e);
+            let not_master = self.connector.not_master(e);
+            if broke(e) || not_master {
+                self.retire_all(conn.epoch, e);
+            }
+            if not_master {
+                self.put(conn);
+                conn = self.get(None)?;
+                result = f(&mut conn.con);
             }
         }
         let result = self.finish(&mut conn, result, false);
@@ -404,7 +414,7 @@ impl Pool {
             Combined::Reply(value) => reply(value).map_err(Error::from_redis),
             // Refused unrun by a server that is no longer the master: as if never sent.
             Combined::Failed(e) if self.connector.not_master(&e) => {
-                self.retire_all(&e);
+                self.retire_all(self.connector.epoch(self.node), &e);
                 self.run_from(f, Run::First, None)
             }
             Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
@@ -441,7 +451,7 @@ impl Pool {
             buf.extend_from_slice(packed);
             ends.push(buf.len());
         }
-        let sent = self.get().map(|mut conn| {
+        let sent = self.get(None).map(|mut conn| {
             let (replies, failed) =
                 wire::exchange_partial(&mut conn.con, &buf, &ends, Interrupted::LeaveUnanswered);
             // Replies of the batch may be left unread: the connection is not to be reused.
@@ -456,7 +466,7 @@ impl Pool {
                 self.batch_failures.fetch_add(1, Ordering::Relaxed);
             }
             if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
-                self.retire_all(e);
+                self.retire_all(conn.epoch, e);
             }
             self.put(conn);
             replies
@@ -495,10 +505,10 @@ impl Pool {
         result.map_err(Error::from_redis)
     }
 
-    /// Every connection made so far predates the break we just saw (`error`); none is worth a
-    /// failed call.
-    fn retire_all(&self, error: &RedisError) {
-        self.connector.failed(self.node, error);
+    /// Every connection made so far predates the break we just saw (`error`, on a connection
+    /// made at connector epoch `epoch`); none is worth a failed call.
+    fn retire_all(&self, epoch: u64, error: &RedisError) {
+        self.connector.failed(self.node, epoch, error);
         let made = self.made.load(Ordering::Relaxed);
         self.stale_below.fetch_max(made, Ordering::Relaxed);
     }

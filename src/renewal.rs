@@ -284,8 +284,8 @@ impl Renewer {
                     "fencelock: renewing {} lease(s) failed, retrying: {e}",
                     batch.len()
                 );
-                self.cons.remove(&node);
-                self.connector.failed(node, &e);
+                let epoch = self.made(node);
+                self.connector.failed(node, epoch, &e);
                 self.schedule.retry(batch, &leases, sent);
                 return;
             }
@@ -356,8 +356,8 @@ impl Renewer {
             Err(e) if e.is_io_error() || self.connector.not_master(e) => {
                 if !wire::interrupted(e) {
                     let node = self.connector.node_of(&grant.keys);
-                    self.cons.remove(&node);
-                    self.connector.failed(node, e);
+                    let epoch = self.made(node);
+                    self.connector.failed(node, epoch, e);
                 }
                 Reply::Unknown
             }
@@ -437,6 +437,15 @@ impl Renewer {
         });
         self.buf = (buf, ends);
         result
+    }
+
+    /// Drops the connection to `node` after a failure; returns the connector epoch it was made
+    /// at (the current one if there was none: connecting failed).
+    fn made(&mut self, node: Node) -> u64 {
+        match self.cons.remove(&node) {
+            Some((epoch, _)) => epoch,
+            None => self.connector.epoch(node),
+        }
     }
 
     fn connection(

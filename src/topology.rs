@@ -89,11 +89,11 @@ impl Topology {
         }
     }
 
-    /// The master that the sentinels at `sentinels` (`redis://[[user]:password@]host:port` each,
-    /// with the sentinel's own credentials if it has any) know as `master_name`.
+    /// The master that the sentinels at `sentinels` (`redis://[[user]:password@]host[:port]`
+    /// each, with the sentinel's own credentials if it has any; the port is 26379 when none is
+    /// given) know as `master_name`.
     ///
-    /// The client asks the sentinels in turn for the master, checks with `ROLE` that it is
-    /// one, and follows it through failovers: see "Running on Sentinel" in the crate docs.
+    /// The client asks the sentinels for the master, checks with `ROLE` that it is one, and follows it through failovers: see "Running on Sentinel" in the crate docs.
     /// Give the master's own credentials and database with
     /// [`master_password`](Topology::master_password),
     /// [`master_username`](Topology::master_username) and [`master_db`](Topology::master_db).
@@ -117,7 +117,10 @@ impl Topology {
     {
         Topology {
             kind: Kind::Sentinel(SentinelSpec {
-                sentinels: sentinels.into_iter().map(Into::into).collect(),
+                sentinels: sentinels
+                    .into_iter()
+                    .map(|url| with_sentinel_port(url.into()))
+                    .collect(),
                 master_name: master_name.into(),
                 username: None,
                 password: None,
@@ -339,6 +342,29 @@ impl fmt::Debug for Topology {
     }
 }
 
+/// `url` with the sentinel port ([`SENTINEL_PORT`]) when it names a host and no port: a bare
+/// `redis://host` means the data port to redis-rs, and a sentinel never listens there.
+fn with_sentinel_port(url: String) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url;
+    };
+    if !matches!(scheme, "redis" | "rediss") {
+        return url;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let has_port = match host.rsplit_once(':') {
+        // An IPv6 address without a port: the last colon is inside the brackets.
+        Some((_, port)) => !port.contains(']'),
+        None => false,
+    };
+    if has_port || host.is_empty() {
+        return url;
+    }
+    format!("{scheme}://{authority}:{SENTINEL_PORT}{}", &rest[end..])
+}
+
 /// The `host:port` of a sentinel URL, for display.
 fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
@@ -478,6 +504,7 @@ fn decode(s: &str) -> std::result::Result<String, String> {
         if bytes[i] == b'%' {
             let hex = bytes
                 .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| "a % is not followed by two hex digits".to_owned())?;
@@ -548,6 +575,7 @@ mod tests {
             ("redis+sentinel://h1/m/1/2", "unexpected"),
             ("redis+sentinel://h1/m?db=1", "unknown parameter"),
             ("redis+sentinel://:%zz@h1/m", "hex"),
+            ("redis+sentinel://:%+f@h1/m", "hex"),
         ] {
             match url.parse::<Topology>() {
                 Err(Error::InvalidArgument { reason, .. }) => {
@@ -579,6 +607,39 @@ mod tests {
             t.resolve(),
             Ok(Kind::Sentinel(SentinelSpec { db: 3, .. }))
         ));
+    }
+
+    #[test]
+    fn a_sentinel_url_without_a_port_means_the_sentinel_port() {
+        let t = Topology::sentinel(
+            [
+                "redis://h1",
+                "redis://:pw@h2/",
+                "redis://[::1]",
+                "redis://h3:7",
+                "redis+unix:///s",
+            ],
+            "m",
+        );
+        let Kind::Sentinel(spec) = &t.kind else {
+            panic!("not sentinel");
+        };
+        assert_eq!(
+            spec.sentinels,
+            [
+                "redis://h1:26379",
+                "redis://:pw@h2:26379/",
+                "redis://[::1]:26379",
+                "redis://h3:7",
+                "redis+unix:///s"
+            ]
+        );
+        // So what it shows parses back to the same sentinels.
+        let t = Topology::sentinel(["redis://h1", "redis://[::1]", "redis://h3:7"], "m");
+        let shown = t.to_string();
+        assert_eq!(shown, "redis+sentinel://h1:26379,[::1]:26379,h3:7/m");
+        let again: Topology = shown.parse().unwrap();
+        assert_eq!(again.to_string(), shown);
     }
 
     #[test]

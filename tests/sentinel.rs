@@ -175,6 +175,19 @@ fn finds_the_master_with_sentinels_dead_and_errs_without_any() {
     assert!(err.is_rejected(), "{err}");
     assert!(err.to_string().contains("nosuch"), "{err}");
 
+    // A frozen sentinel first in the list costs a short grace once the others have answered,
+    // not its share of the connection timeout.
+    set.pause_sentinel(0);
+    let past_frozen = client_with(&set.sentinel_urls(), ms(3000));
+    let started = Instant::now();
+    assert!(past_frozen.lock("g").unwrap().is_held());
+    assert!(
+        started.elapsed() < ms(1500),
+        "a frozen sentinel held up discovery for {:?}",
+        started.elapsed()
+    );
+    set.resume_sentinel(0);
+
     // Two of three dead: a new client still finds the master.
     set.kill_sentinel(0);
     set.kill_sentinel(1);
@@ -188,6 +201,22 @@ fn finds_the_master_with_sentinels_dead_and_errs_without_any() {
     let err = frozen.try_lock("c", ms(2000)).unwrap_err();
     assert!(err.is_connection(), "{err}");
     assert!(started.elapsed() < ms(1500), "took {:?}", started.elapsed());
+    // A caller's own timeout holds while another thread of its client asks the frozen
+    // sentinel for longer.
+    let patient = Arc::new(client_with(&set.sentinel_urls(), ms(3000)));
+    let asking = {
+        let patient = Arc::clone(&patient);
+        thread::spawn(move || patient.lock("h").map(drop))
+    };
+    thread::sleep(ms(200));
+    let started = Instant::now();
+    let err = patient.try_lock("i", ms(300)).unwrap_err();
+    assert!(
+        started.elapsed() < ms(1500),
+        "try_lock(300 ms) waited {:?} behind another thread's discovery: {err}",
+        started.elapsed()
+    );
+    assert!(asking.join().unwrap().unwrap_err().is_connection());
     set.resume_sentinel(2);
 
     // All dead: a connection error that says so, within the connection timeout.
@@ -240,7 +269,16 @@ fn the_url_form_reaches_the_same_master() {
 #[test]
 fn a_coordinated_failover_under_load_keeps_granting_exclusively() {
     let set = SentinelSet::start_with(2, RECOMMENDED);
-    let clients = [client(&set, 3000), client(&set, 3000)];
+    // One client as recommended, with grants and renewals acknowledged by a replica.
+    let acked = LockClient::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
+        .namespace("sentinel")
+        .lease(ms(3000))
+        .connection_timeout(ms(1000))
+        .response_timeout(ms(1000))
+        .min_replica_acks(1, ms(200))
+        .build()
+        .unwrap();
+    let clients = [acked, client(&set, 3000)];
     // A lock held across the failover: it keeps renewing, or is reported lost; never both.
     let long = clients[0].lock("long").unwrap();
     let long_token = long.token();

@@ -3,16 +3,19 @@
 //! ```text
 //! state of the client's view      what moves it
 //! ------------------------------  -----------------------------------------------------------
-//! no master known                 a connection is asked for: ask the sentinels in turn, each
-//!                                 within the connection timeout; the first that names a
-//!                                 master moves to the front of the list
+//! no master known                 a connection is asked for: ask every sentinel at once,
+//!                                 within the connection timeout, and take the answer of the
+//!                                 highest configuration epoch (one thread asks; others wait
+//!                                 for its answer, each until its own deadline)
 //! master M (epoch e)              every new connection to M is checked with ROLE first
-//! M suspect                       a connection to M broke, timed out, or a command on it was
-//!                                 refused as by a replica (READONLY, MASTERDOWN, NOREPLICAS):
-//!                                 the next connection asks the sentinels again
-//! master M' != M (epoch e + 1)    the sentinels named M', a sentinel announced +switch-master,
-//!                                 or M said ROLE slave: every connection made at epoch e is
-//!                                 dropped when next used (pool, renewal, wake thread)
+//! M suspect                       a connection to M made at epoch e broke, timed out, or a
+//!                                 command on it was refused as by a replica (READONLY,
+//!                                 MASTERDOWN, NOREPLICAS): the next connection asks again
+//! master M' != M (epoch e + 1)    the sentinels named M' (at a configuration epoch no lower
+//!                                 than seen before, or by a majority), a sentinel announced
+//!                                 +switch-master, or M said ROLE slave: every connection made
+//!                                 at epoch e is dropped when next used (pool, renewal, wake
+//!                                 thread)
 //! ```
 //!
 //! A watcher thread per client subscribes to `+switch-master` on one sentinel, and every
@@ -21,7 +24,7 @@
 //! after a failover takes writes for about ten seconds before Sentinel reconfigures it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -34,8 +37,8 @@ use crate::topology::SentinelSpec;
 /// How often the watcher asks its sentinel for the master and the master for its role.
 const CHECK: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// The least time a sentinel is given to answer when the time left is shared among several.
-const MIN_SHARE: Duration = Duration::from_millis(50);
+/// The least time the sentinels still to answer are given once a majority has answered.
+const MIN_GRACE: Duration = Duration::from_millis(50);
 
 /// The data nodes of a Sentinel deployment, as one node: its current master.
 pub(crate) struct Sentinel {
@@ -50,9 +53,11 @@ struct State {
     template: redis::RedisConnectionInfo,
     tls: Option<TlsSettings>,
     current: Mutex<Current>,
-    /// Held while the sentinels are asked, so that a failover costs one round of questions, not
-    /// one per thread that saw it.
-    resolving: Mutex<()>,
+    /// True while a thread asks the sentinels, so that a failover costs one round of questions,
+    /// not one per thread that saw it; the others wait on `resolved`, each no later than its
+    /// own deadline.
+    resolving: Mutex<bool>,
+    resolved: Condvar,
     /// Bumped whenever the master changes: connections made before are to be dropped.
     epoch: AtomicU64,
 }
@@ -116,7 +121,8 @@ impl Sentinel {
             template,
             tls: spec.tls().then(|| tls.clone()),
             current: Mutex::default(),
-            resolving: Mutex::new(()),
+            resolving: Mutex::new(false),
+            resolved: Condvar::new(),
             epoch: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&state);
@@ -170,15 +176,15 @@ impl Sentinel {
         }
     }
 
-    /// A command failed with `error`: after a broken connection, a timeout, or a refusal as by
-    /// a replica, ask the sentinels before the next connection.
-    pub(crate) fn failed(&self, error: &RedisError) {
+    /// A command on a connection made at `epoch` failed with `error`: after a broken
+    /// connection, a timeout, or a refusal as by a replica, ask the sentinels before the next
+    /// connection, unless the master has moved since that connection was made.
+    pub(crate) fn failed(&self, epoch: u64, error: &RedisError) {
         if error.is_io_error()
             || error.is_timeout()
             || error.is_connection_dropped()
             || not_master(error)
         {
-            let epoch = self.epoch();
             self.state.suspect(epoch);
         }
     }
@@ -220,10 +226,7 @@ impl State {
             }
         };
         *asked = true;
-        let _resolving = self
-            .resolving
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _turn = self.turn(deadline)?;
         {
             // Another thread asked while this one waited: its answer is as fresh.
             let current = self.current();
@@ -233,8 +236,8 @@ impl State {
                 }
             }
         }
-        let named = self.ask(deadline)?;
-        self.observe(&named)?;
+        let (named, majority) = self.ask(deadline)?;
+        self.observe(&named, majority)?;
         let mut current = self.current();
         current.suspect = false;
         current.rounds += 1;
@@ -244,54 +247,114 @@ impl State {
         Ok((master, self.epoch.load(Ordering::Acquire)))
     }
 
-    /// Asks every sentinel, in turn, for the master, and takes the answer of the highest
+    /// Waits (no later than `deadline`) until no other thread is asking the sentinels, and
+    /// takes the turn; the turn ends when the returned value is dropped.
+    fn turn(&self, deadline: Instant) -> RedisResult<Turn<'_>> {
+        let mut busy = self
+            .resolving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while *busy {
+            let left = left(deadline);
+            if left.is_zero() {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the sentinels were still being asked for the master when the time was up",
+                )));
+            }
+            busy = self
+                .resolved
+                .wait_timeout(busy, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        *busy = true;
+        Ok(Turn(self))
+    }
+
+    /// Asks every sentinel at once for the master, and takes the answer of the highest
     /// configuration epoch: right after a failover a sentinel that was not its leader may still
     /// name the old master for a second or two, and an old master that comes back says `ROLE
-    /// master` for about ten seconds, so the first answer is not enough. Each sentinel gets its
-    /// share of the time left, so one that is frozen leaves time for the others; the first to
-    /// name the master moves to the front.
-    fn ask(&self, deadline: Instant) -> RedisResult<Named> {
+    /// master` for about ten seconds, so the first answer is not enough. Once a majority has
+    /// answered, the others get as long again as that took (at least [`MIN_GRACE`]): a frozen
+    /// sentinel costs that much, not the whole connection timeout. The sentinel whose answer is
+    /// taken moves to the front. Also returns whether a majority of the sentinels answered.
+    fn ask(&self, deadline: Instant) -> RedisResult<(Named, bool)> {
         let sentinels = self
             .sentinels
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let started = Instant::now();
+        let (tx, rx) = crossbeam_channel::bounded(sentinels.len());
+        let mut answers: Vec<Option<RedisResult<Option<Named>>>> =
+            sentinels.iter().map(|_| None).collect();
+        let mut asked = 0;
+        for (i, sentinel) in sentinels.iter().enumerate() {
+            let (tx, client, name) = (tx.clone(), sentinel.client.clone(), self.name.clone());
+            let timeout = left(deadline).max(Duration::from_millis(1));
+            // Threads of their own: a sentinel that hangs past its timeout (connecting to a
+            // frozen process can take twice the timeout given) holds up nobody; its answer,
+            // if it ever comes, goes nowhere.
+            let spawned = thread::Builder::new()
+                .name("fencelock-sentinel-ask".to_owned())
+                .spawn(move || {
+                    let _ = tx.send((i, master_addr(&client, &name, timeout)));
+                });
+            match spawned {
+                Ok(_) => asked += 1,
+                Err(e) => answers[i] = Some(Err(RedisError::from(e))),
+            }
+        }
+        drop(tx);
+        let majority = sentinels.len() / 2 + 1;
+        let (mut read, mut named) = (0, 0);
+        let mut until = deadline;
+        while read < asked {
+            let Ok((i, answer)) = rx.recv_deadline(until) else {
+                break;
+            };
+            read += 1;
+            if matches!(answer, Ok(Some(_))) {
+                named += 1;
+                if named == majority {
+                    let grace = started.elapsed().max(MIN_GRACE);
+                    until = until.min(Instant::now() + grace);
+                }
+            }
+            answers[i] = Some(answer);
+        }
         let mut failures = Vec::new();
         let (mut unknown, mut refused) = (0, 0);
         let mut best: Option<(usize, Named)> = None;
-        for (i, sentinel) in sentinels.iter().enumerate() {
-            let left = left(deadline);
-            let share = left / u32::try_from(sentinels.len() - i).unwrap_or(u32::MAX);
-            if left.is_zero() {
-                failures.push(format!("{}: not asked, out of time", sentinel.shown));
-                continue;
-            }
-            match master_addr(&sentinel.client, &self.name, share.max(MIN_SHARE).min(left)) {
-                Ok(Some(named)) => {
+        for (i, (sentinel, answer)) in sentinels.iter().zip(answers).enumerate() {
+            match answer {
+                Some(Ok(Some(answer))) => {
                     if best
                         .as_ref()
-                        .is_none_or(|(_, b)| named.config_epoch > b.config_epoch)
+                        .is_none_or(|(_, b)| answer.config_epoch > b.config_epoch)
                     {
-                        best = Some((i, named));
+                        best = Some((i, answer));
                     }
                 }
-                Ok(None) => {
+                Some(Ok(None)) => {
                     unknown += 1;
                     failures.push(format!(
                         "{}: no master named {:?}",
                         sentinel.shown, self.name
                     ));
                 }
-                Err(e) if is_refusal(&e) => {
+                Some(Err(e)) if is_refusal(&e) => {
                     // One sentinel's refusal (a password it wants) is its own: the others may
                     // answer. Only if none can is the set-up wrong.
                     refused += 1;
                     failures.push(format!("{}: {e}", sentinel.shown));
                 }
-                Err(e) => failures.push(format!("{}: {e}", sentinel.shown)),
+                Some(Err(e)) => failures.push(format!("{}: {e}", sentinel.shown)),
+                None => failures.push(format!("{}: no answer in time", sentinel.shown)),
             }
         }
-        if let Some((i, named)) = best {
+        if let Some((i, answer)) = best {
             if i > 0 {
                 let mut order = self
                     .sentinels
@@ -302,7 +365,7 @@ impl State {
                     order.insert(0, answered);
                 }
             }
-            return Ok(named);
+            return Ok((answer, named >= majority));
         }
         // Every sentinel answered, and none knows such a master or would let us ask: a set-up
         // error (a misspelt name, a password), which asking again will not fix.
@@ -329,8 +392,12 @@ impl State {
     }
 
     /// The sentinels (or the watcher) name `host:port` as the master: a new address starts a
-    /// new epoch.
-    fn observe(&self, named: &Named) -> RedisResult<()> {
+    /// new epoch. An answer of a lower configuration epoch than one seen before is taken only
+    /// from a round a `majority` of the sentinels answered: a lone sentinel may not have heard
+    /// of the latest failover yet, but when most sentinels say otherwise, the failover that
+    /// raised the epoch was undone (its leader lost before it told the others), or the
+    /// sentinels were set up again (`SENTINEL REMOVE` and `MONITOR` start over at 0).
+    fn observe(&self, named: &Named, majority: bool) -> RedisResult<()> {
         let Named {
             host,
             port,
@@ -338,8 +405,7 @@ impl State {
         } = named;
         let (host, port) = (host.as_str(), *port);
         let mut current = self.current();
-        // A sentinel that has not heard of the latest failover yet.
-        if *config_epoch < current.config_epoch {
+        if *config_epoch < current.config_epoch && !majority {
             return Ok(());
         }
         current.config_epoch = *config_epoch;
@@ -420,6 +486,20 @@ impl State {
     }
 }
 
+/// A thread's turn to ask the sentinels; see [`State::turn`].
+struct Turn<'a>(&'a State);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self
+            .0
+            .resolving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = false;
+        self.0.resolved.notify_all();
+    }
+}
+
 enum Role {
     Master,
     Other(String),
@@ -475,15 +555,17 @@ fn master_addr(
 
 /// The master's address (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and configuration epoch (from
 /// `SENTINEL MASTER`), in one round trip; `None` if the sentinel knows no such master. The
-/// address comes from the first: while a failover updates the configuration, it already names
-/// the promoted replica, where `SENTINEL MASTER` still shows the old master.
+/// address comes from the second: while a failover updates the configuration, it already names
+/// the promoted replica, where `SENTINEL MASTER` still shows the old master. The epoch is asked
+/// first, so that should the sentinel move between the two, the address is the newer of the
+/// two, never an old address under a new epoch.
 fn ask_master_addr(con: &mut redis::Connection, name: &str) -> RedisResult<Option<Named>> {
-    let (addr, master): (Option<(String, u16)>, Value) = redis::pipe()
-        .cmd("SENTINEL")
-        .arg("GET-MASTER-ADDR-BY-NAME")
-        .arg(name)
+    let (master, addr): (Value, Option<(String, u16)>) = redis::pipe()
         .cmd("SENTINEL")
         .arg("MASTER")
+        .arg(name)
+        .cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
         .arg(name)
         .ignore_errors()
         .query(con)?;
@@ -599,7 +681,7 @@ fn follow(
             return Ok(());
         };
         if let Some(named) = ask_master_addr(&mut questions, &name)? {
-            let _ = state.observe(&named);
+            let _ = state.observe(&named, false);
         }
         // Briefly: a frozen master must not hold up the switch-master messages behind it.
         check_role(&state, &mut master_con, CHECK.min(timeout));
