@@ -85,6 +85,12 @@ impl Connector {
         }
     }
 
+    /// Whether a node can move to another server ([`epoch`](Connector::epoch) can change), so
+    /// that long-lived connections should look at the epoch often.
+    pub(crate) fn moves(&self) -> bool {
+        !matches!(self.shape, Shape::Single(_))
+    }
+
     /// A new connection to `node`, made within `connect_timeout`, whose reads and writes time
     /// out after `response_timeout`.
     pub(crate) fn connect(

@@ -18,6 +18,9 @@ use crate::wait::Waiters;
 /// How often an idle pub/sub connection is checked with a PING, and how often the listener
 /// notices that its client is gone.
 const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often the listener looks whether the master moved, where it can (Sentinel): releases
+/// published on the new master go unheard until it subscribes there.
+const FOLLOW: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Starts the listener: one thread and one pub/sub connection per client. It holds only a
@@ -92,6 +95,9 @@ impl Listener<'_> {
         let epoch = connector.epoch(Node::SINGLE);
         let mut con = connector.subscriber(connect_timeout, HEARTBEAT)?;
         subscribe(&mut con, channel)?;
+        // Wait for messages in steps of `poll`; the PING and its reply keep the heartbeat.
+        let poll = if connector.moves() { FOLLOW } else { HEARTBEAT };
+        con.set_read_timeout(Some(poll))?;
         let mut pubsub = con.as_pubsub();
         *backoff = Duration::from_millis(10);
         match waiters.upgrade() {
@@ -109,7 +115,7 @@ impl Listener<'_> {
                     }
                     false
                 }
-                Err(e) if e.is_timeout() => true,
+                Err(e) if e.is_timeout() => heard.elapsed() >= HEARTBEAT,
                 // A signal cut the read short; redis-rs keeps what it had read of the message.
                 // Signals coming faster than the heartbeat must not put off the heartbeat.
                 Err(e) if crate::wire::interrupted(&e) => heard.elapsed() >= HEARTBEAT,
@@ -128,7 +134,9 @@ impl Listener<'_> {
                     return Ok(());
                 }
                 // A half-open connection would otherwise swallow every release silently.
+                pubsub.set_read_timeout(Some(HEARTBEAT))?;
                 pubsub.ping::<()>()?;
+                pubsub.set_read_timeout(Some(poll))?;
             }
         }
     }
