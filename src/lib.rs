@@ -301,8 +301,9 @@
 //!   its own threads up to 8 times in a row, and a lock freed by a lease that ran out (a holder
 //!   that died) goes to whichever waiter looks first.
 //!
-//! fencelock talks to one Redis server: Sentinel, Cluster and a quorum of masters are not
-//! supported yet (the [README] lists them).
+//! fencelock talks to one Redis server, or to the master that Redis Sentinel names (see
+//! [`Topology`], and "Running on Sentinel" in the [README] and [design.md]); Cluster and a quorum
+//! of masters are not supported yet (the [README] lists them).
 //!
 //! # Further reading
 //!

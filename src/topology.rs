@@ -93,7 +93,9 @@ impl Topology {
     /// each, with the sentinel's own credentials if it has any; the port is 26379 when none is
     /// given) know as `master_name`.
     ///
-    /// The client asks the sentinels for the master, checks with `ROLE` that it is one, and follows it through failovers: see "Running on Sentinel" in the crate docs.
+    /// The client asks the sentinels for the master, checks with `ROLE` that it is one, and
+    /// follows it through failovers: see "Running on Sentinel" in the README and in
+    /// docs/design.md.
     /// Give the master's own credentials and database with
     /// [`master_password`](Topology::master_password),
     /// [`master_username`](Topology::master_username) and [`master_db`](Topology::master_db).

@@ -34,19 +34,7 @@ fn client(url: &str, ca: Option<&Ca>, identity: Option<&Leaf>, lease: Duration) 
 
 /// One attempt at a lock that must fail with `Error::Rejected` within [`AT_ONCE`]; its message.
 fn rejected(client: &LockClient) -> String {
-    let started = Instant::now();
-    let err = match client.try_lock("k", Duration::ZERO) {
-        Err(e) => e,
-        Ok(got) => panic!(
-            "expected a rejected connection, got {:?}",
-            got.map(|g| g.token())
-        ),
-    };
-    let took = started.elapsed();
-    assert!(err.is_rejected(), "{err:?}");
-    assert!(!err.is_connection(), "{err:?}");
-    assert!(took < AT_ONCE, "reported after {took:?}: {err}");
-    err.to_string()
+    support::rejected_at_once(client, "k", Duration::ZERO, AT_ONCE)
 }
 
 #[test]

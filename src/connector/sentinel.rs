@@ -325,7 +325,7 @@ impl State {
             answers[i] = Some(answer);
         }
         let mut failures = Vec::new();
-        let (mut unknown, mut refused) = (0, 0);
+        let (mut unknown, mut refused, mut handshakes) = (0, 0, 0);
         let mut best: Option<(usize, Named)> = None;
         for (i, (sentinel, answer)) in sentinels.iter().zip(answers).enumerate() {
             match answer {
@@ -348,7 +348,13 @@ impl State {
                     // One sentinel's refusal (a password it wants) is its own: the others may
                     // answer. Only if none can is the set-up wrong.
                     refused += 1;
-                    failures.push(format!("{}: {e}", sentinel.shown));
+                    match crate::tls::HandshakeFailed::from_connect(e) {
+                        Ok(failed) => {
+                            handshakes += 1;
+                            failures.push(format!("{}: {failed}", sentinel.shown));
+                        }
+                        Err(e) => failures.push(format!("{}: {e}", sentinel.shown)),
+                    }
                 }
                 Some(Err(e)) => failures.push(format!("{}: {e}", sentinel.shown)),
                 None => failures.push(format!("{}: no answer in time", sentinel.shown)),
@@ -375,11 +381,14 @@ impl State {
             } else {
                 ErrorKind::AuthenticationFailed
             };
-            return Err(RedisError::from((
-                kind,
-                "no sentinel named the master",
-                failures.join("; "),
-            )));
+            // A failed handshake everywhere is told as one, so that the error points at TLS
+            // (the certificates to trust), not at credentials.
+            let what = if handshakes == sentinels.len() {
+                crate::tls::HANDSHAKE_FAILED
+            } else {
+                "no sentinel named the master"
+            };
+            return Err(RedisError::from((kind, what, failures.join("; "))));
         }
         Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::NotConnected,

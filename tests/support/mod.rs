@@ -158,25 +158,105 @@ fn file_len(path: &Path) -> u64 {
 }
 
 // ---------------------------------------------------------------------------
-// RedisServer
+// Server processes: one redis-server (a data server or a sentinel), and how
+// the test's own connections log in to it
 // ---------------------------------------------------------------------------
 
-/// A `redis-server` child process on 127.0.0.1 with its own temp dir, killed
-/// and cleaned up on drop.
-///
-/// Its log goes to `<dir>/redis.log`; its stdout/stderr (early fatal config
-/// errors only) go to `<dir>/redis.stdio`.
-pub struct RedisServer {
+/// How the test's own connections to a server (readiness probes, [`RedisServer::connection`],
+/// the probes of a [`sentinel::SentinelSet`]) log in: the ACL user and password it wants, and,
+/// for a server that speaks only TLS, the CA that signed its certificate. The default is a plain
+/// connection without credentials.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// PEM of the CA to trust: connect with TLS (needs the `tls` feature).
+    pub tls_ca: Option<String>,
+}
+
+impl Access {
+    /// A redis-rs client for `127.0.0.1:port` that logs in so.
+    pub fn client(&self, port: u16) -> Result<redis::Client, String> {
+        let mut login = redis::RedisConnectionInfo::default();
+        if let Some(user) = &self.username {
+            login = login.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            login = login.set_password(password);
+        }
+        match &self.tls_ca {
+            None => {
+                let info = redis::IntoConnectionInfo::into_connection_info(
+                    redis::ConnectionAddr::Tcp("127.0.0.1".to_owned(), port),
+                )
+                .map_err(|e| format!("127.0.0.1:{port}: {e}"))?;
+                redis::Client::open(info.set_redis_settings(login))
+                    .map_err(|e| format!("127.0.0.1:{port}: {e}"))
+            }
+            Some(ca) => tls_client(port, login, ca),
+        }
+    }
+
+    /// A connection to `127.0.0.1:port` whose connect, reads and writes time out after
+    /// `timeout`.
+    pub fn connect(&self, port: u16, timeout: Duration) -> Result<redis::Connection, String> {
+        let con = self
+            .client(port)?
+            .get_connection_with_timeout(timeout)
+            .map_err(|e| format!("connect 127.0.0.1:{port}: {e}"))?;
+        con.set_read_timeout(Some(timeout))
+            .map_err(|e| format!("set_read_timeout: {e}"))?;
+        con.set_write_timeout(Some(timeout))
+            .map_err(|e| format!("set_write_timeout: {e}"))?;
+        Ok(con)
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_client(
+    port: u16,
+    login: redis::RedisConnectionInfo,
+    ca: &str,
+) -> Result<redis::Client, String> {
+    let addr = redis::ConnectionAddr::TcpTls {
+        host: "127.0.0.1".to_owned(),
+        port,
+        insecure: false,
+        tls_params: None,
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(addr)
+        .map_err(|e| format!("127.0.0.1:{port}: {e}"))?
+        .set_redis_settings(login);
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca.as_bytes().to_vec()),
+    };
+    redis::Client::build_with_tls(info, certificates)
+        .map_err(|e| format!("127.0.0.1:{port} (TLS): {e}"))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_client(port: u16, _: redis::RedisConnectionInfo, _: &str) -> Result<redis::Client, String> {
+    Err(format!(
+        "127.0.0.1:{port}: a TLS connection needs the `tls` feature"
+    ))
+}
+
+/// One `redis-server` process (a data server, or a sentinel with `--sentinel`) on 127.0.0.1,
+/// with a temp dir of its own that holds its log (`redis.log`) and early fatal errors
+/// (`redis.stdio`). SIGCONT, SIGKILL and reaped, and its dir removed, on drop.
+struct ServerProcess {
     /// `None` once killed (and reaped).
     child: Mutex<Option<process::Child>>,
     /// Pid of the most recently spawned process.
     pid: u32,
+    /// The port the readiness probe reaches it on.
     port: u16,
-    /// The `--tls-port` of a server made by [`RedisServer::start_tls`].
-    tls_port: Option<u16>,
     dir: PathBuf,
-    extra_args: Vec<String>,
     bin: OsString,
+    args: Vec<OsString>,
+    /// What it is, for messages: "redis-server", "sentinel".
+    what: &'static str,
 }
 
 enum Readiness {
@@ -187,57 +267,40 @@ enum Readiness {
     Failed(String),
 }
 
-impl RedisServer {
-    /// Starts a redis-server on a free 127.0.0.1 port, with its own temp dir,
-    /// `--save ""` and `--appendonly no`; returns once it answers PING.
-    pub fn start() -> RedisServer {
-        Self::start_with(&[])
-    }
-
-    /// Like [`RedisServer::start`], with `extra_args` appended to the command
-    /// line (later arguments override earlier ones, e.g. `&["--appendonly", "yes"]`).
-    pub fn start_with(extra_args: &[&str]) -> RedisServer {
-        Self::start_inner(extra_args, false)
-    }
-
-    /// Like [`RedisServer::start_with`], listening for TLS on a second free port as well
-    /// (`--tls-port`; see [`RedisServer::tls_url`]). `extra_args` carry the certificates
-    /// (`--tls-cert-file` and so on). The plain port stays open: readiness is checked there,
-    /// and [`RedisServer::connection`] uses it.
-    pub fn start_tls(extra_args: &[&str]) -> RedisServer {
-        Self::start_inner(extra_args, true)
-    }
-
-    fn start_inner(extra_args: &[&str], tls: bool) -> RedisServer {
+impl ServerProcess {
+    /// Spawns `redis-server` with `args_for(port)` for a free `port` (another on a port taken
+    /// meanwhile, [`START_TRIES`] in all) in `dir`, and returns once it answers PING as itself
+    /// on that port, logged in with `access`. `hint` ends the message of a failed start.
+    fn start(
+        what: &'static str,
+        dir: PathBuf,
+        access: &Access,
+        hint: &str,
+        mut args_for: impl FnMut(u16) -> Vec<OsString>,
+    ) -> ServerProcess {
         let bin = redis_bin();
-        let dir = unique_temp_dir("fencelock-redis");
         let mut attempts = Vec::new();
         for _ in 0..START_TRIES {
             let port = free_port();
-            let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-            // A taken TLS port fails the start as a taken plain port does: both are new per try.
-            let tls_port = tls.then(free_port);
-            if let Some(tls_port) = tls_port {
-                extra_args.extend(["--tls-port".to_string(), tls_port.to_string()]);
-            }
+            let args = args_for(port);
             let log_offset = file_len(&dir.join("redis.log"));
-            let mut child = match spawn_redis(&bin, port, &dir, &extra_args) {
+            let mut child = match spawn_server(&bin, &dir, &args, what) {
                 Ok(child) => child,
                 Err(msg) => {
                     let _ = fs::remove_dir_all(&dir);
                     panic!("{msg}");
                 }
             };
-            match wait_ready(&mut child, port, &dir, log_offset) {
+            match wait_ready(&mut child, port, &dir, log_offset, access) {
                 Readiness::Ready => {
-                    return RedisServer {
+                    return ServerProcess {
                         pid: child.id(),
                         child: Mutex::new(Some(child)),
                         port,
-                        tls_port,
                         dir,
-                        extra_args,
                         bin,
+                        args,
+                        what,
                     };
                 }
                 Readiness::PortTaken(why) => {
@@ -248,14 +311,10 @@ impl RedisServer {
                     kill_and_reap(&mut child);
                     let logs = server_logs(&dir, 0);
                     let _ = fs::remove_dir_all(&dir);
-                    let hint = if tls {
-                        " (a redis-server built without TLS support refuses --tls-port)"
-                    } else {
-                        ""
-                    };
                     panic!(
-                        "redis-server ({}) on port {port} failed to start: {why}{hint}\n{logs}",
-                        bin.to_string_lossy()
+                        "{what} ({} {}) on port {port} failed to start: {why}{hint}\n{logs}",
+                        bin.to_string_lossy(),
+                        shown_args(&args)
                     );
                 }
             }
@@ -263,80 +322,21 @@ impl RedisServer {
         let logs = server_logs(&dir, 0);
         let _ = fs::remove_dir_all(&dir);
         panic!(
-            "redis-server ({}) could not get a free port after {START_TRIES} tries: {attempts:#?}\n{logs}",
+            "{what} ({}) could not get a free port after {START_TRIES} tries: {attempts:#?}\n{logs}",
             bin.to_string_lossy()
         );
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:PORT/`
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// The TLS port of a server made by [`RedisServer::start_tls`].
-    pub fn tls_port(&self) -> u16 {
-        self.tls_port
-            .unwrap_or_else(|| panic!("the server was not started with start_tls"))
-    }
-
-    /// `rediss://HOST:TLS_PORT/`, for `host` `127.0.0.1` or `localhost` (say).
-    pub fn tls_url(&self, host: &str) -> String {
-        format!("rediss://{host}:{}/", self.tls_port())
-    }
-
-    /// Pid of the current (or, after `kill`, the last) server process.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// The server's own temp dir (its `--dir`; holds `redis.log`).
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// SIGSTOP: the server stops answering (connections stay open).
-    pub fn pause(&self) {
-        let mut guard = lock(&self.child);
-        if let Some(child) = guard.as_mut() {
-            signal_if_alive(child, libc::SIGSTOP);
-        }
-    }
-
-    /// SIGCONT after [`RedisServer::pause`].
-    pub fn resume(&self) {
-        let mut guard = lock(&self.child);
-        if let Some(child) = guard.as_mut() {
-            signal_if_alive(child, libc::SIGCONT);
-        }
-    }
-
-    /// SIGKILL and reap. Idempotent.
-    pub fn kill(&mut self) {
-        let child = self
-            .child
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(mut child) = child {
-            kill_and_reap(&mut child);
-        }
-    }
-
-    /// Kills the server if running, then starts it again on the same port,
-    /// with the same dir and arguments (so an AOF/RDB in the dir is loaded),
-    /// and waits until it answers PING (not LOADING).
-    pub fn restart(&mut self) {
+    /// Kills the process if running, then starts it again on the same port, with the same dir
+    /// and arguments, and waits until it answers PING (not LOADING).
+    fn restart(&mut self, access: &Access) {
         self.kill();
         let mut attempts = Vec::new();
         for attempt in 1..=RESTART_TRIES {
             let log_offset = file_len(&self.dir.join("redis.log"));
-            let mut child = spawn_redis(&self.bin, self.port, &self.dir, &self.extra_args)
+            let mut child = spawn_server(&self.bin, &self.dir, &self.args, self.what)
                 .unwrap_or_else(|msg| panic!("{msg}"));
-            match wait_ready(&mut child, self.port, &self.dir, log_offset) {
+            match wait_ready(&mut child, self.port, &self.dir, log_offset, access) {
                 Readiness::Ready => {
                     self.pid = child.id();
                     *self
@@ -353,7 +353,8 @@ impl RedisServer {
                 Readiness::Failed(why) => {
                     kill_and_reap(&mut child);
                     panic!(
-                        "redis-server restart on port {} failed: {why}\n{}",
+                        "{} restart on port {} failed: {why}\n{}",
+                        self.what,
                         self.port,
                         server_logs(&self.dir, log_offset)
                     );
@@ -361,54 +362,57 @@ impl RedisServer {
             }
         }
         panic!(
-            "redis-server restart: port {} stayed taken after {RESTART_TRIES} tries: {attempts:#?}\n{}",
+            "{} restart: port {} stayed taken after {RESTART_TRIES} tries: {attempts:#?}\n{}",
+            self.what,
             self.port,
             server_logs(&self.dir, 0)
         );
     }
 
-    /// Whether the server process exists (a paused server counts as running).
-    pub fn is_running(&self) -> bool {
+    /// SIGKILL and reap. Idempotent.
+    fn kill(&mut self) {
+        let child = self
+            .child
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(mut child) = child {
+            kill_and_reap(&mut child);
+        }
+    }
+
+    /// Sends `sig` if the process runs; whether it was sent.
+    fn signal(&self, sig: libc::c_int) -> bool {
+        let mut guard = lock(&self.child);
+        match guard.as_mut() {
+            Some(child) => signal_if_alive(child, sig),
+            None => false,
+        }
+    }
+
+    /// Whether the process exists (a paused one counts as running).
+    fn is_running(&self) -> bool {
         let mut guard = lock(&self.child);
         match guard.as_mut() {
             Some(child) => matches!(child.try_wait(), Ok(None)),
             None => false,
         }
     }
-
-    /// Contents of the server's log file ("" if none).
-    pub fn log(&self) -> String {
-        read_from(&self.dir.join("redis.log"), 0)
-    }
-
-    /// A fresh plain connection with 5 s connect/read/write timeouts, for test
-    /// assertions. Panics if the server cannot be reached.
-    pub fn connection(&self) -> redis::Connection {
-        let url = self.url();
-        let client = redis::Client::open(url.as_str())
-            .unwrap_or_else(|e| panic!("redis::Client::open({url}): {e}"));
-        let con = client
-            .get_connection_with_timeout(CONN_TIMEOUT)
-            .unwrap_or_else(|e| panic!("cannot connect to test redis at {url}: {e}"));
-        con.set_read_timeout(Some(CONN_TIMEOUT))
-            .unwrap_or_else(|e| panic!("set_read_timeout: {e}"));
-        con.set_write_timeout(Some(CONN_TIMEOUT))
-            .unwrap_or_else(|e| panic!("set_write_timeout: {e}"));
-        con
-    }
 }
 
-impl Drop for RedisServer {
+impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+/// `args` as one line, for messages.
+fn shown_args(args: &[OsString]) -> String {
+    args.iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn redis_bin() -> OsString {
@@ -418,11 +422,12 @@ fn redis_bin() -> OsString {
     }
 }
 
-fn spawn_redis(
+/// Spawns `bin args` with stdin closed and stdout/stderr appended to `<dir>/redis.stdio`.
+fn spawn_server(
     bin: &OsString,
-    port: u16,
     dir: &Path,
-    extra_args: &[String],
+    args: &[OsString],
+    what: &str,
 ) -> Result<process::Child, String> {
     let stdio_path = dir.join("redis.stdio");
     let stdio = OpenOptions::new()
@@ -433,32 +438,25 @@ fn spawn_redis(
     let stdio_err = stdio
         .try_clone()
         .unwrap_or_else(|e| panic!("cannot clone a file handle: {e}"));
-    let mut cmd = Command::new(bin);
-    cmd.arg("--port")
-        .arg(port.to_string())
-        .args(["--bind", "127.0.0.1"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
-        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-        .args(extra_args)
+    Command::new(bin)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(stdio)
-        .stderr(stdio_err);
-    cmd.spawn().map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            format!(
-                "redis-server not found (tried {:?}; {INSTALL_HINT})",
-                bin.to_string_lossy()
-            )
-        } else {
-            format!(
-                "cannot spawn redis-server {:?}: {e} ({INSTALL_HINT})",
-                bin.to_string_lossy()
-            )
-        }
-    })
+        .stderr(stdio_err)
+        .spawn()
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                format!(
+                    "redis-server not found (tried {:?} for a {what}; {INSTALL_HINT})",
+                    bin.to_string_lossy()
+                )
+            } else {
+                format!(
+                    "cannot spawn a {what} with {:?}: {e} ({INSTALL_HINT})",
+                    bin.to_string_lossy()
+                )
+            }
+        })
 }
 
 /// The server's log (from byte `log_offset`) and any stdout/stderr, for panics.
@@ -474,9 +472,13 @@ fn server_logs(dir: &Path, log_offset: u64) -> String {
 
 /// Polls until the server answers PING (not LOADING) and is really *our*
 /// process (INFO's process_id), it exits, or READY_TIMEOUT passes.
-fn wait_ready(child: &mut process::Child, port: u16, dir: &Path, log_offset: u64) -> Readiness {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let url = format!("redis://127.0.0.1:{port}/");
+fn wait_ready(
+    child: &mut process::Child,
+    port: u16,
+    dir: &Path,
+    log_offset: u64,
+    access: &Access,
+) -> Readiness {
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut last_error = String::from("no attempt yet");
     loop {
@@ -501,7 +503,7 @@ fn wait_ready(child: &mut process::Child, port: u16, dir: &Path, log_offset: u64
                 "not ready within {READY_TIMEOUT:?} (last error: {last_error})"
             ));
         }
-        match ping_once(&addr, &url) {
+        match ping_once(port, access) {
             Ok(server_pid) if server_pid == child.id() => return Readiness::Ready,
             Ok(server_pid) => {
                 return Readiness::PortTaken(format!(
@@ -516,11 +518,12 @@ fn wait_ready(child: &mut process::Child, port: u16, dir: &Path, log_offset: u64
 }
 
 /// One readiness probe: TCP connect, PING, then `INFO server` for the pid.
-fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
+fn ping_once(port: u16, access: &Access) -> Result<u32, String> {
     let probe_timeout = Duration::from_millis(500);
-    TcpStream::connect_timeout(addr, probe_timeout).map_err(|e| format!("tcp connect: {e}"))?;
-    let client = redis::Client::open(url).map_err(|e| format!("client: {e}"))?;
-    let mut con = client
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, probe_timeout).map_err(|e| format!("tcp connect: {e}"))?;
+    let mut con = access
+        .client(port)?
         .get_connection_with_timeout(probe_timeout)
         .map_err(|e| format!("connect: {e}"))?;
     con.set_read_timeout(Some(Duration::from_secs(1)))
@@ -542,6 +545,212 @@ fn ping_once(addr: &SocketAddr, url: &str) -> Result<u32, String> {
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|v| v.trim().parse::<u32>().ok())
         .ok_or_else(|| "INFO server has no process_id".to_string())
+}
+
+// ---------------------------------------------------------------------------
+// RedisServer
+// ---------------------------------------------------------------------------
+
+/// A `redis-server` child process on 127.0.0.1 with its own temp dir, killed
+/// and cleaned up on drop.
+///
+/// Its log goes to `<dir>/redis.log`; its stdout/stderr (early fatal config
+/// errors only) go to `<dir>/redis.stdio`.
+pub struct RedisServer {
+    process: ServerProcess,
+    /// The TLS port of a server that has one (`--tls-port`).
+    tls_port: Option<u16>,
+    /// How [`RedisServer::connection`] and the readiness probe log in.
+    access: Access,
+}
+
+/// Which ports a [`RedisServer`] listens on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Listen {
+    /// A plain port only.
+    #[default]
+    Plain,
+    /// A plain port, and a TLS port beside it (`--tls-port`); probes use the plain one.
+    PlainAndTls,
+    /// TLS only (`--port 0 --tls-port P`): [`RedisServer::port`] is the TLS port, and the
+    /// probes and [`RedisServer::connection`] use TLS, trusting [`Access::tls_ca`].
+    TlsOnly,
+}
+
+/// How [`RedisServer::start_as`] starts a server.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// Appended to the command line, as in [`RedisServer::start_with`].
+    pub args: Vec<String>,
+    pub listen: Listen,
+    /// How the test's connections log in: the password that `args` set with `--requirepass`,
+    /// say, and for [`Listen::TlsOnly`] the CA of the server's certificate.
+    pub access: Access,
+}
+
+impl RedisServer {
+    /// Starts a redis-server on a free 127.0.0.1 port, with its own temp dir,
+    /// `--save ""` and `--appendonly no`; returns once it answers PING.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with `extra_args` appended to the command
+    /// line (later arguments override earlier ones, e.g. `&["--appendonly", "yes"]`).
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        Self::start_as(&ServerOptions {
+            args: extra_args.iter().map(|s| s.to_string()).collect(),
+            ..ServerOptions::default()
+        })
+    }
+
+    /// Like [`RedisServer::start_with`], listening for TLS on a second free port as well
+    /// (`--tls-port`; see [`RedisServer::tls_url`]). `extra_args` carry the certificates
+    /// (`--tls-cert-file` and so on). The plain port stays open: readiness is checked there,
+    /// and [`RedisServer::connection`] uses it.
+    pub fn start_tls(extra_args: &[&str]) -> RedisServer {
+        Self::start_as(&ServerOptions {
+            args: extra_args.iter().map(|s| s.to_string()).collect(),
+            listen: Listen::PlainAndTls,
+            ..ServerOptions::default()
+        })
+    }
+
+    /// A server started as `options` say: see [`ServerOptions`].
+    pub fn start_as(options: &ServerOptions) -> RedisServer {
+        let ServerOptions {
+            args,
+            listen,
+            access,
+        } = options;
+        assert!(
+            (*listen == Listen::TlsOnly) == access.tls_ca.is_some(),
+            "a TLS-only server is probed over TLS, and only it: give Access::tls_ca with it"
+        );
+        let dir = unique_temp_dir("fencelock-redis");
+        let mut tls_port = None;
+        let hint = if *listen == Listen::Plain {
+            ""
+        } else {
+            " (a redis-server built without TLS support refuses --tls-port)"
+        };
+        let process = ServerProcess::start("redis-server", dir.clone(), access, hint, |port| {
+            let (plain, tls) = match listen {
+                Listen::Plain => (port, None),
+                // A taken TLS port fails the start as a taken plain port does: both are new
+                // per try.
+                Listen::PlainAndTls => (port, Some(free_port())),
+                Listen::TlsOnly => (0, Some(port)),
+            };
+            tls_port = tls;
+            let mut all: Vec<OsString> = vec![
+                "--port".into(),
+                plain.to_string().into(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--dir".into(),
+                dir.clone().into(),
+                "--logfile".into(),
+                dir.join("redis.log").into(),
+            ];
+            for arg in ["--save", "", "--appendonly", "no", "--daemonize", "no"] {
+                all.push(arg.into());
+            }
+            all.extend(args.iter().map(OsString::from));
+            if let Some(tls) = tls {
+                all.extend(["--tls-port".into(), tls.to_string().into()]);
+            }
+            all
+        });
+        RedisServer {
+            process,
+            tls_port,
+            access: access.clone(),
+        }
+    }
+
+    /// The port the server answers on (for a [`Listen::TlsOnly`] server, its TLS port).
+    pub fn port(&self) -> u16 {
+        self.process.port
+    }
+
+    /// `redis://127.0.0.1:PORT/`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port())
+    }
+
+    /// The TLS port of a server made by [`RedisServer::start_tls`] (or TLS-only).
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
+            .unwrap_or_else(|| panic!("the server was not started with start_tls"))
+    }
+
+    /// `rediss://HOST:TLS_PORT/`, for `host` `127.0.0.1` or `localhost` (say).
+    pub fn tls_url(&self, host: &str) -> String {
+        format!("rediss://{host}:{}/", self.tls_port())
+    }
+
+    /// Pid of the current (or, after `kill`, the last) server process.
+    pub fn pid(&self) -> u32 {
+        self.process.pid
+    }
+
+    /// The server's own temp dir (its `--dir`; holds `redis.log`).
+    pub fn dir(&self) -> &Path {
+        &self.process.dir
+    }
+
+    /// How the test's connections log in to it.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// SIGSTOP: the server stops answering (connections stay open).
+    pub fn pause(&self) {
+        self.process.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        self.process.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL and reap. Idempotent.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Kills the server if running, then starts it again on the same port,
+    /// with the same dir and arguments (so an AOF/RDB in the dir is loaded),
+    /// and waits until it answers PING (not LOADING).
+    pub fn restart(&mut self) {
+        self.process.restart(&self.access);
+    }
+
+    /// Whether the server process exists (a paused server counts as running).
+    pub fn is_running(&self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Contents of the server's log file ("" if none).
+    pub fn log(&self) -> String {
+        read_from(&self.dir().join("redis.log"), 0)
+    }
+
+    /// A fresh connection (logged in as [`RedisServer::access`] says) with 5 s
+    /// connect/read/write timeouts, for test assertions. Panics if the server cannot be
+    /// reached.
+    pub fn connection(&self) -> redis::Connection {
+        self.access
+            .connect(self.port(), CONN_TIMEOUT)
+            .unwrap_or_else(|e| panic!("cannot connect to test redis at {}: {e}", self.url()))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 // ---------------------------------------------------------------------------
@@ -582,6 +791,29 @@ pub fn lock_client_at(url: &str, lease_ms: u64) -> fencelock::LockClient {
         .lease(Duration::from_millis(lease_ms))
         .build()
         .unwrap_or_else(|e| panic!("LockClient for {url} (lease {lease_ms} ms): {e}"))
+}
+
+/// One `try_lock` of `key`, waiting up to `wait`, that must fail with `Error::Rejected` (a
+/// set-up error, not an outage) within `at_once`; its message.
+pub fn rejected_at_once(
+    client: &fencelock::LockClient,
+    key: &str,
+    wait: Duration,
+    at_once: Duration,
+) -> String {
+    let started = Instant::now();
+    let err = match client.try_lock(key, wait) {
+        Err(e) => e,
+        Ok(got) => panic!(
+            "expected a rejected connection, got {:?}",
+            got.map(|g| g.token())
+        ),
+    };
+    let took = started.elapsed();
+    assert!(err.is_rejected(), "{err:?}");
+    assert!(!err.is_connection(), "{err:?}");
+    assert!(took < at_once, "reported after {took:?}: {err}");
+    err.to_string()
 }
 
 /// How many waiting clients `key`'s queue in Redis holds (under [`NAMESPACE`]).

@@ -18,21 +18,26 @@
 //! points it at the current master again, or Sentinel converts it itself (`+convert-to-slave`,
 //! about 10 s later: Sentinel's `INFO` period for replicas is 10 s and it acts only 8 s after it
 //! saw the role change).
+//!
+//! [`SentinelSet::builder`] adds credentials and TLS: a password on the data servers
+//! (`requirepass`, `masterauth`; the sentinels get `sentinel auth-pass`), or an ACL user with the
+//! `default` user off (`masteruser`, `sentinel auth-user`); a password on the sentinels
+//! (`requirepass`, `sentinel sentinel-pass`); and TLS only on all of them (`port 0`, `tls-port`,
+//! `tls-replication yes`, so that every address a sentinel gives is a TLS port), with
+//! certificates of a CA made for the set. The set's own probes log in as each needs ([`Access`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::fs::{self, OpenOptions};
-use std::io;
-use std::path::{Path, PathBuf};
-use std::process::{self, Command, Stdio};
+use std::fs;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "tls")]
+use super::tls::{Ca, CertFiles};
 use super::{
-    file_len, free_port, kill_and_reap, lock, read_from, redis_bin, signal_if_alive,
-    unique_temp_dir, wait_ready, Readiness, RedisServer, INSTALL_HINT, START_TRIES,
+    read_from, unique_temp_dir, Access, Listen, RedisServer, ServerOptions, ServerProcess,
 };
 
 /// The name the sentinels monitor the master under.
@@ -71,181 +76,117 @@ const LOG_TAIL_LINES: usize = 25;
 /// `<dir>/redis.log` (the name the shared readiness check looks at), early fatal errors go to
 /// `<dir>/redis.stdio`; Sentinel rewrites `<dir>/sentinel.conf` as it learns the topology.
 struct Sentinel {
-    /// `None` once killed (and reaped).
-    child: Mutex<Option<process::Child>>,
-    port: u16,
-    dir: PathBuf,
+    process: ServerProcess,
     /// Whether it is SIGSTOPped (by [`SentinelSet::pause_sentinel`]).
     paused: AtomicBool,
+}
+
+/// What every sentinel of a set is told beyond the common settings.
+struct SentinelSettings {
+    master_port: u16,
+    /// How the sentinels log in to the data servers (`sentinel auth-user`, `auth-pass`).
+    data: Access,
+    /// How they, and the test, log in to the sentinels (`requirepass`, and `sentinel
+    /// sentinel-pass` for each other); `tls_ca` set: TLS only.
+    own: Access,
+    /// The certificate lines of a TLS set (`tls-cert-file` and so on), else empty.
+    tls_conf: String,
 }
 
 impl Sentinel {
     /// Starts a sentinel monitoring `127.0.0.1:master_port` on a free port (retrying on a port
     /// taken between `free_port` and the bind) and waits until it answers PING as itself.
-    fn start(master_port: u16) -> Sentinel {
-        let bin = redis_bin();
+    fn start(settings: &SentinelSettings) -> Sentinel {
         let dir = unique_temp_dir("fencelock-sentinel");
         let conf = dir.join("sentinel.conf");
-        let mut attempts = Vec::new();
-        for _ in 0..START_TRIES {
-            let port = free_port();
+        let hint = if settings.tls_conf.is_empty() {
+            ""
+        } else {
+            " (a redis-server built without TLS support refuses tls-port)"
+        };
+        let process = ServerProcess::start("sentinel", dir.clone(), &settings.own, hint, |port| {
             // Written afresh on every try: a sentinel that started rewrote it.
-            fs::write(&conf, sentinel_conf(port, &dir, master_port))
+            fs::write(&conf, sentinel_conf(port, &dir, settings))
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
-            let log_offset = file_len(&dir.join("redis.log"));
-            let mut child = match spawn_sentinel(&bin, &conf, &dir) {
-                Ok(child) => child,
-                Err(msg) => {
-                    let _ = fs::remove_dir_all(&dir);
-                    panic!("{msg}");
-                }
-            };
-            match wait_ready(&mut child, port, &dir, log_offset) {
-                Readiness::Ready => {
-                    return Sentinel {
-                        child: Mutex::new(Some(child)),
-                        port,
-                        dir,
-                        paused: AtomicBool::new(false),
-                    }
-                }
-                Readiness::PortTaken(why) => {
-                    kill_and_reap(&mut child);
-                    attempts.push(format!("port {port}: {why}"));
-                }
-                Readiness::Failed(why) => {
-                    kill_and_reap(&mut child);
-                    let logs = log_tail_of("sentinel", &dir);
-                    let _ = fs::remove_dir_all(&dir);
-                    panic!(
-                        "sentinel ({} {} --sentinel) on port {port} failed to start: {why}\n{logs}",
-                        bin.to_string_lossy(),
-                        conf.display()
-                    );
-                }
-            }
+            vec![conf.clone().into(), "--sentinel".into()]
+        });
+        Sentinel {
+            process,
+            paused: AtomicBool::new(false),
         }
-        let logs = log_tail_of("sentinel", &dir);
-        let _ = fs::remove_dir_all(&dir);
-        panic!(
-            "sentinel could not get a free port after {START_TRIES} tries: {attempts:#?}\n{logs}"
-        );
+    }
+
+    fn port(&self) -> u16 {
+        self.process.port
     }
 
     /// Running and not paused.
     fn is_live(&self) -> bool {
-        if self.paused.load(Ordering::SeqCst) {
-            return false;
-        }
-        let mut guard = lock(&self.child);
-        match guard.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
+        !self.paused.load(Ordering::SeqCst) && self.process.is_running()
     }
 
     fn kill(&mut self) {
-        let child = self
-            .child
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(mut child) = child {
-            kill_and_reap(&mut child);
-        }
+        self.process.kill();
         self.paused.store(false, Ordering::SeqCst);
     }
-
-    fn signal(&self, sig: libc::c_int) -> bool {
-        let mut guard = lock(&self.child);
-        match guard.as_mut() {
-            Some(child) => signal_if_alive(child, sig),
-            None => false,
-        }
-    }
 }
 
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn sentinel_conf(port: u16, dir: &Path, master_port: u16) -> String {
+fn sentinel_conf(port: u16, dir: &Path, settings: &SentinelSettings) -> String {
     // `sentinel resolve-hostnames` and `announce-hostnames` stay at their default (no): every
     // address here is 127.0.0.1.
-    format!(
-        "port {port}\n\
-         bind 127.0.0.1\n\
+    let mut conf = if settings.own.tls_ca.is_some() {
+        // `tls-replication yes`: to the data servers and to each other over TLS, and announced
+        // to the other sentinels by the TLS port.
+        format!(
+            "port 0\ntls-port {port}\n{}tls-auth-clients no\ntls-replication yes\n",
+            settings.tls_conf
+        )
+    } else {
+        format!("port {port}\n")
+    };
+    let _ = write!(
+        conf,
+        "bind 127.0.0.1\n\
          daemonize no\n\
          dir \"{dir}\"\n\
-         logfile \"{log}\"\n\
-         sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {QUORUM}\n\
+         logfile \"{log}\"\n",
+        dir = dir.display(),
+        log = dir.join("redis.log").display(),
+    );
+    if let Some(password) = &settings.own.password {
+        let _ = write!(
+            conf,
+            "requirepass \"{password}\"\nsentinel sentinel-pass \"{password}\"\n"
+        );
+    }
+    let _ = write!(
+        conf,
+        "sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {QUORUM}\n\
          sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
          sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
          sentinel parallel-syncs {MASTER_NAME} 1\n",
-        dir = dir.display(),
-        log = dir.join("redis.log").display(),
-    )
-}
-
-fn spawn_sentinel(
-    bin: &std::ffi::OsStr,
-    conf: &Path,
-    dir: &Path,
-) -> Result<process::Child, String> {
-    let stdio_path = dir.join("redis.stdio");
-    let stdio = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&stdio_path)
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", stdio_path.display()));
-    let stdio_err = stdio
-        .try_clone()
-        .unwrap_or_else(|e| panic!("cannot clone a file handle: {e}"));
-    Command::new(bin)
-        .arg(conf)
-        .arg("--sentinel")
-        .stdin(Stdio::null())
-        .stdout(stdio)
-        .stderr(stdio_err)
-        .spawn()
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                format!(
-                    "redis-server not found (tried {:?} for a sentinel; {INSTALL_HINT})",
-                    bin.to_string_lossy()
-                )
-            } else {
-                format!(
-                    "cannot spawn a sentinel with {:?}: {e} ({INSTALL_HINT})",
-                    bin.to_string_lossy()
-                )
-            }
-        })
+        master_port = settings.master_port,
+    );
+    if let Some(user) = &settings.data.username {
+        let _ = writeln!(conf, "sentinel auth-user {MASTER_NAME} \"{user}\"");
+    }
+    if let Some(password) = &settings.data.password {
+        let _ = writeln!(conf, "sentinel auth-pass {MASTER_NAME} \"{password}\"");
+    }
+    conf
 }
 
 // ---------------------------------------------------------------------------
 // Probes (short timeouts, errors as strings for the wait loops' messages)
 // ---------------------------------------------------------------------------
 
-fn connect(port: u16) -> Result<redis::Connection, String> {
-    let url = format!("redis://127.0.0.1:{port}/");
-    let client = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
-    let con = client
-        .get_connection_with_timeout(PROBE_TIMEOUT)
-        .map_err(|e| format!("connect {url}: {e}"))?;
-    con.set_read_timeout(Some(PROBE_TIMEOUT))
-        .map_err(|e| format!("set_read_timeout: {e}"))?;
-    con.set_write_timeout(Some(PROBE_TIMEOUT))
-        .map_err(|e| format!("set_write_timeout: {e}"))?;
-    Ok(con)
+fn connect(port: u16, access: &Access) -> Result<redis::Connection, String> {
+    access.connect(port, PROBE_TIMEOUT)
 }
 
 /// `SENTINEL GET-MASTER-ADDR-BY-NAME` on the sentinel at `port`: the master's port.
-fn sentinel_master_port(port: u16) -> Result<u16, String> {
-    let mut con = connect(port)?;
+fn sentinel_master_port(port: u16, access: &Access) -> Result<u16, String> {
+    let mut con = connect(port, access)?;
     let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
         .arg("GET-MASTER-ADDR-BY-NAME")
         .arg(MASTER_NAME)
@@ -262,8 +203,12 @@ fn sentinel_master_port(port: u16) -> Result<u16, String> {
 }
 
 /// `SENTINEL <what> mymaster` (REPLICAS, SENTINELS): one field map per instance.
-fn sentinel_instances(port: u16, what: &str) -> Result<Vec<HashMap<String, String>>, String> {
-    let mut con = connect(port)?;
+fn sentinel_instances(
+    port: u16,
+    access: &Access,
+    what: &str,
+) -> Result<Vec<HashMap<String, String>>, String> {
+    let mut con = connect(port, access)?;
     redis::cmd("SENTINEL")
         .arg(what)
         .arg(MASTER_NAME)
@@ -279,8 +224,8 @@ fn flags_healthy(flags: &str) -> bool {
 }
 
 /// `INFO replication` of the server at `port`, as field -> value.
-fn replication_info(port: u16) -> Result<HashMap<String, String>, String> {
-    let mut con = connect(port)?;
+fn replication_info(port: u16, access: &Access) -> Result<HashMap<String, String>, String> {
+    let mut con = connect(port, access)?;
     let info: String = redis::cmd("INFO")
         .arg("replication")
         .query(&mut con)
@@ -313,8 +258,11 @@ fn online_replica_ports(info: &HashMap<String, String>) -> Vec<u16> {
 }
 
 /// Whether the server at `port` says `role:master`.
-fn is_master(port: u16) -> Result<bool, String> {
-    Ok(replication_info(port)?.get("role").map(String::as_str) == Some("master"))
+fn is_master(port: u16, access: &Access) -> Result<bool, String> {
+    Ok(replication_info(port, access)?
+        .get("role")
+        .map(String::as_str)
+        == Some("master"))
 }
 
 /// Calls `check` every [`POLL`] until it returns `Ok`, at most `timeout` and at most
@@ -370,39 +318,173 @@ pub struct SentinelSet {
     // Declared (so dropped) before the servers: no sentinel reacts to the servers' deaths.
     sentinels: Vec<Sentinel>,
     servers: Vec<RedisServer>,
+    /// How the probes log in to the data servers, and to the sentinels.
+    data_access: Access,
+    sentinel_access: Access,
+    /// The certificate files of a TLS set: dropped after every process that reads them.
+    #[cfg(feature = "tls")]
+    _cert_files: Option<CertFiles>,
 }
 
-impl SentinelSet {
-    /// A master, `replicas` replicas and 3 sentinels (quorum 2, `down-after-milliseconds 1000`,
-    /// `failover-timeout 5000`, `parallel-syncs 1`), each on a free 127.0.0.1 port in its own temp
-    /// dir. Returns once `SENTINEL CKQUORUM mymaster` is OK on every sentinel, the master's
-    /// `INFO replication` shows every replica online (`connected_slaves == replicas`), every
-    /// replica's `master_link_status` is up, and every sentinel lists all replicas and the 2
-    /// other sentinels, none of them down.
-    pub fn start(replicas: usize) -> SentinelSet {
-        Self::start_with(replicas, &[])
+/// How to start a [`SentinelSet`]: `SentinelSet::builder().replicas(1).data_password("pw")
+/// .sentinel_password("spw").start()`. Without a setter: no replica, no password, plain TCP.
+#[derive(Clone, Debug, Default)]
+pub struct SentinelSetBuilder {
+    replicas: usize,
+    server_args: Vec<String>,
+    data_user: Option<String>,
+    data_password: Option<String>,
+    sentinel_password: Option<String>,
+    tls: bool,
+}
+
+impl SentinelSetBuilder {
+    /// How many replicas beside the master.
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas;
+        self
     }
 
-    /// [`SentinelSet::start`] with `server_args` appended to every data server's command line
-    /// (e.g. `&["--min-replicas-to-write", "1", "--min-replicas-max-lag", "2"]`; the master gets
-    /// them too, because any server may become master).
-    pub fn start_with(replicas: usize, server_args: &[&str]) -> SentinelSet {
-        let mut set = SentinelSet {
-            sentinels: Vec::new(),
-            servers: Vec::new(),
+    /// Appended to every data server's command line (the master's too: any server may become
+    /// master), e.g. `&["--min-replicas-to-write", "1"]`.
+    pub fn server_args(mut self, args: &[&str]) -> Self {
+        self.server_args = args.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    /// The data servers want `password` (`requirepass`, and `masterauth` to replicate); the
+    /// sentinels are given it (`sentinel auth-pass`). With [`data_user`](Self::data_user), it is
+    /// that user's password instead.
+    pub fn data_password(mut self, password: &str) -> Self {
+        self.data_password = Some(password.to_owned());
+        self
+    }
+
+    /// The data servers know an ACL user `user` (every command, key and channel), with the
+    /// [`data_password`](Self::data_password), and the `default` user is off: every connection
+    /// logs in as `user`. Replicas replicate as it (`masteruser`), the sentinels log in as it
+    /// (`sentinel auth-user`).
+    pub fn data_user(mut self, user: &str) -> Self {
+        self.data_user = Some(user.to_owned());
+        self
+    }
+
+    /// The sentinels want `password` (`requirepass`), and give it to each other (`sentinel
+    /// sentinel-pass`).
+    pub fn sentinel_password(mut self, password: &str) -> Self {
+        self.sentinel_password = Some(password.to_owned());
+        self
+    }
+
+    /// Data servers and sentinels speak TLS only (`port 0`, `tls-port`, `tls-replication yes`,
+    /// `tls-auth-clients no`), with a certificate for 127.0.0.1 of a CA made for the set
+    /// ([`SentinelSet::ca_pem`]).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// Starts the set: see [`SentinelSet::start`] for when it returns.
+    pub fn start(self) -> SentinelSet {
+        assert!(
+            self.data_user.is_none() || self.data_password.is_some(),
+            "an ACL user needs a password (data_password)"
+        );
+        #[cfg(feature = "tls")]
+        let (cert_files, ca_pem) = if self.tls {
+            let ca = Ca::new("fencelock sentinel test CA");
+            let files = CertFiles::write(&ca, &ca.server(&["127.0.0.1"]));
+            (Some(files), Some(ca.pem().to_owned()))
+        } else {
+            (None, None)
+        };
+        #[cfg(not(feature = "tls"))]
+        let ca_pem: Option<String> = None;
+        let data_access = Access {
+            username: self.data_user.clone(),
+            password: self.data_password.clone(),
+            tls_ca: ca_pem.clone(),
+        };
+        let sentinel_access = Access {
+            username: None,
+            password: self.sentinel_password.clone(),
+            tls_ca: ca_pem,
         };
         // No 5 s wait before a full sync (Redis 7's default `repl-diskless-sync-delay`): it
         // would hold up the start and every rejoin of a demoted master. `server_args` can
         // override it.
-        let args: Vec<&str> = ["--repl-diskless-sync-delay", "0"]
-            .into_iter()
-            .chain(server_args.iter().copied())
-            .collect();
+        let mut args: Vec<String> = vec!["--repl-diskless-sync-delay".into(), "0".into()];
+        #[cfg(feature = "tls")]
+        let tls_conf = match &cert_files {
+            Some(files) => {
+                args.extend(files.server_args());
+                args.extend(
+                    ["--tls-auth-clients", "no", "--tls-replication", "yes"].map(str::to_owned),
+                );
+                format!(
+                    "tls-cert-file \"{}\"\ntls-key-file \"{}\"\ntls-ca-cert-file \"{}\"\n",
+                    files.cert_file, files.key_file, files.ca_file
+                )
+            }
+            None => String::new(),
+        };
+        #[cfg(not(feature = "tls"))]
+        let tls_conf = String::new();
+        match (&self.data_user, &self.data_password) {
+            (Some(user), Some(password)) => {
+                // A word an argument: redis-server joins the words after an option into its line.
+                let acl_password = format!(">{password}");
+                args.extend(
+                    [
+                        "--user",
+                        "default",
+                        "off",
+                        "--user",
+                        user,
+                        "on",
+                        &acl_password,
+                        "~*",
+                        "&*",
+                        "+@all",
+                        "--masteruser",
+                        user,
+                        "--masterauth",
+                        password,
+                    ]
+                    .map(str::to_owned),
+                );
+            }
+            (None, Some(password)) => {
+                for arg in ["--requirepass", password, "--masterauth", password] {
+                    args.push(arg.to_owned());
+                }
+            }
+            _ => {}
+        }
+        args.extend(self.server_args);
+        let options = ServerOptions {
+            args,
+            listen: if data_access.tls_ca.is_some() {
+                Listen::TlsOnly
+            } else {
+                Listen::Plain
+            },
+            access: data_access.clone(),
+        };
+        let mut set = SentinelSet {
+            sentinels: Vec::new(),
+            servers: Vec::new(),
+            data_access,
+            sentinel_access,
+            #[cfg(feature = "tls")]
+            _cert_files: cert_files,
+        };
         // Built in place, so a panic half-way drops (kills) whatever was started already.
-        set.servers.push(RedisServer::start_with(&args));
+        set.servers.push(RedisServer::start_as(&options));
         let master_port = set.servers[0].port();
-        for _ in 0..replicas {
-            let replica = RedisServer::start_with(&args);
+        for _ in 0..self.replicas {
+            let replica = RedisServer::start_as(&options);
             replica_of(&replica, master_port);
             set.servers.push(replica);
         }
@@ -414,8 +496,14 @@ impl SentinelSet {
                 set.logs()
             );
         }
+        let settings = SentinelSettings {
+            master_port,
+            data: set.data_access.clone(),
+            own: set.sentinel_access.clone(),
+            tls_conf,
+        };
         for _ in 0..SENTINELS {
-            set.sentinels.push(Sentinel::start(master_port));
+            set.sentinels.push(Sentinel::start(&settings));
         }
         if let Err(why) = poll_until(SETTLE_TIMEOUT, || set.ready(master_port)) {
             panic!(
@@ -425,18 +513,78 @@ impl SentinelSet {
         }
         set
     }
+}
 
-    /// `redis://127.0.0.1:PORT/` of every sentinel, by index (killed ones included).
+impl SentinelSet {
+    /// A master, `replicas` replicas and 3 sentinels (quorum 2, `down-after-milliseconds 1000`,
+    /// `failover-timeout 5000`, `parallel-syncs 1`), each on a free 127.0.0.1 port in its own temp
+    /// dir. Returns once `SENTINEL CKQUORUM mymaster` is OK on every sentinel, the master's
+    /// `INFO replication` shows every replica online (`connected_slaves == replicas`), every
+    /// replica's `master_link_status` is up, and every sentinel lists all replicas and the 2
+    /// other sentinels, none of them down.
+    pub fn start(replicas: usize) -> SentinelSet {
+        Self::builder().replicas(replicas).start()
+    }
+
+    /// [`SentinelSet::start`] with `server_args` appended to every data server's command line
+    /// (e.g. `&["--min-replicas-to-write", "1", "--min-replicas-max-lag", "2"]`; the master gets
+    /// them too, because any server may become master).
+    pub fn start_with(replicas: usize, server_args: &[&str]) -> SentinelSet {
+        Self::builder()
+            .replicas(replicas)
+            .server_args(server_args)
+            .start()
+    }
+
+    /// A set with passwords, an ACL user or TLS: see [`SentinelSetBuilder`].
+    pub fn builder() -> SentinelSetBuilder {
+        SentinelSetBuilder::default()
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every sentinel (`rediss://` in a TLS set), by index (killed
+    /// ones included), without credentials.
     pub fn sentinel_urls(&self) -> Vec<String> {
+        let scheme = if self.sentinel_access.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}/", s.port))
+            .map(|s| format!("{scheme}://127.0.0.1:{}/", s.port()))
             .collect()
+    }
+
+    /// `127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`: the hosts of a `redis+sentinel://` URL.
+    pub fn sentinel_hosts(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The PEM of the CA that signed every certificate of a TLS set.
+    pub fn ca_pem(&self) -> &str {
+        self.data_access
+            .tls_ca
+            .as_deref()
+            .unwrap_or_else(|| panic!("not a TLS set: see SentinelSetBuilder::tls"))
+    }
+
+    /// How the test logs in to the data servers ([`RedisServer::connection`] does so).
+    pub fn data_access(&self) -> &Access {
+        &self.data_access
+    }
+
+    /// How the test logs in to the sentinels.
+    pub fn sentinel_access(&self) -> &Access {
+        &self.sentinel_access
     }
 
     /// Every sentinel's port, by index (killed ones included).
     pub fn sentinel_ports(&self) -> Vec<u16> {
-        self.sentinels.iter().map(|s| s.port).collect()
+        self.sentinels.iter().map(Sentinel::port).collect()
     }
 
     /// The data servers; index 0 was the master at the start.
@@ -467,10 +615,10 @@ impl SentinelSet {
         let mut errors = Vec::new();
         for (i, sentinel) in self.sentinels.iter().enumerate() {
             if !sentinel.is_live() {
-                errors.push(format!("sentinel {i} (port {}): not live", sentinel.port));
+                errors.push(format!("sentinel {i} (port {}): not live", sentinel.port()));
                 continue;
             }
-            match sentinel_master_port(sentinel.port) {
+            match sentinel_master_port(sentinel.port(), &self.sentinel_access) {
                 Ok(port) => return port,
                 Err(why) => errors.push(format!("sentinel {i}: {why}")),
             }
@@ -499,7 +647,8 @@ impl SentinelSet {
                 .enumerate()
                 .find(|(_, s)| s.is_live())
                 .ok_or_else(|| "no live sentinel".to_string())?;
-            let mut con = connect(sentinel.port).map_err(|e| format!("sentinel {i}: {e}"))?;
+            let mut con = connect(sentinel.port(), &self.sentinel_access)
+                .map_err(|e| format!("sentinel {i}: {e}"))?;
             let reply: Result<String, redis::RedisError> = redis::cmd("SENTINEL")
                 .arg("FAILOVER")
                 .arg(MASTER_NAME)
@@ -537,11 +686,11 @@ impl SentinelSet {
                 if !sentinel.is_live() {
                     continue;
                 }
-                match sentinel_master_port(sentinel.port) {
+                match sentinel_master_port(sentinel.port(), &self.sentinel_access) {
                     Ok(port) if port == from_port => {
                         reasons.push(format!("sentinel {i}: still {from_port}"))
                     }
-                    Ok(port) => match is_master(port) {
+                    Ok(port) => match is_master(port, &self.data_access) {
                         Ok(true) => return Ok(port),
                         Ok(false) => reasons.push(format!(
                             "sentinel {i}: {port}, whose role is not master yet"
@@ -598,7 +747,7 @@ impl SentinelSet {
     /// clock jump): it still answers queries but acts on nothing.
     pub fn pause_sentinel(&self, i: usize) {
         let sentinel = &self.sentinels[i];
-        if sentinel.signal(libc::SIGSTOP) {
+        if sentinel.process.signal(libc::SIGSTOP) {
             sentinel.paused.store(true, Ordering::SeqCst);
         }
     }
@@ -606,7 +755,7 @@ impl SentinelSet {
     /// SIGCONT after [`SentinelSet::pause_sentinel`].
     pub fn resume_sentinel(&self, i: usize) {
         let sentinel = &self.sentinels[i];
-        sentinel.signal(libc::SIGCONT);
+        sentinel.process.signal(libc::SIGCONT);
         sentinel.paused.store(false, Ordering::SeqCst);
     }
 
@@ -622,8 +771,8 @@ impl SentinelSet {
                 "dead"
             };
             out.push_str(&log_tail_of(
-                &format!("sentinel {i}, port {}, {state}", s.port),
-                &s.dir,
+                &format!("sentinel {i}, port {}, {state}", s.port()),
+                &s.process.dir,
             ));
         }
         for (i, s) in self.servers.iter().enumerate() {
@@ -651,13 +800,13 @@ impl SentinelSet {
     /// Every running server but `master` replicates from it with its link up, and the master
     /// sees exactly those replicas online.
     fn replication_settled(&self, master: u16) -> Result<(), String> {
-        let info = replication_info(master)?;
+        let info = replication_info(master, &self.data_access)?;
         if info.get("role").map(String::as_str) != Some("master") {
             return Err(format!("server {master} is not role:master: {info:?}"));
         }
         let replicas = self.live_replica_ports(master);
         for &port in &replicas {
-            let info = replication_info(port)?;
+            let info = replication_info(port, &self.data_access)?;
             let (role, link_to, link) = (
                 info.get("role").map(String::as_str),
                 info.get("master_port").and_then(|p| p.parse::<u16>().ok()),
@@ -687,7 +836,7 @@ impl SentinelSet {
             if !sentinel.is_live() {
                 continue;
             }
-            let listed = sentinel_instances(sentinel.port, "REPLICAS")?;
+            let listed = sentinel_instances(sentinel.port(), &self.sentinel_access, "REPLICAS")?;
             for &port in replicas {
                 let entry = listed
                     .iter()
@@ -710,7 +859,8 @@ impl SentinelSet {
     fn ready(&self, master: u16) -> Result<(), String> {
         self.replication_settled(master)?;
         for (i, sentinel) in self.sentinels.iter().enumerate() {
-            let mut con = connect(sentinel.port).map_err(|e| format!("sentinel {i}: {e}"))?;
+            let mut con = connect(sentinel.port(), &self.sentinel_access)
+                .map_err(|e| format!("sentinel {i}: {e}"))?;
             let quorum: String = redis::cmd("SENTINEL")
                 .arg("CKQUORUM")
                 .arg(MASTER_NAME)
@@ -719,13 +869,13 @@ impl SentinelSet {
             if !quorum.starts_with("OK") {
                 return Err(format!("sentinel {i}: CKQUORUM: {quorum}"));
             }
-            let reported = sentinel_master_port(sentinel.port)?;
+            let reported = sentinel_master_port(sentinel.port(), &self.sentinel_access)?;
             if reported != master {
                 return Err(format!(
                     "sentinel {i} reports master {reported}, not {master}"
                 ));
             }
-            let peers = sentinel_instances(sentinel.port, "SENTINELS")?;
+            let peers = sentinel_instances(sentinel.port(), &self.sentinel_access, "SENTINELS")?;
             let healthy = peers
                 .iter()
                 .filter(|p| flags_healthy(p.get("flags").map(String::as_str).unwrap_or("")))
@@ -748,7 +898,7 @@ impl SentinelSet {
             if !sentinel.is_live() {
                 continue;
             }
-            let port = sentinel_master_port(sentinel.port)?;
+            let port = sentinel_master_port(sentinel.port(), &self.sentinel_access)?;
             match master {
                 None => master = Some(port),
                 Some(m) if m == port => {}

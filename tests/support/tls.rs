@@ -98,19 +98,20 @@ pub enum ClientCerts {
     NotAsked,
 }
 
-/// A `redis-server` with a TLS port, serving `cert`; it trusts client certificates signed by
-/// `ca`. Derefs to the [`RedisServer`] (whose plain port stays open).
-pub struct TlsServer {
-    server: RedisServer,
-    /// The certificate files, removed on drop.
-    files: PathBuf,
+/// A CA's certificate and a server's certificate and key, written where `redis-server` reads
+/// them; removed on drop.
+pub struct CertFiles {
+    dir: PathBuf,
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
 }
 
-impl TlsServer {
-    pub fn start(ca: &Ca, cert: &Leaf, client_certs: ClientCerts) -> TlsServer {
-        let files = unique_temp_dir("fencelock-tls");
+impl CertFiles {
+    pub fn write(ca: &Ca, cert: &Leaf) -> CertFiles {
+        let dir = unique_temp_dir("fencelock-tls");
         let write = |name: &str, pem: &str| -> String {
-            let path = files.join(name);
+            let path = dir.join(name);
             fs::write(&path, pem)
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
             path_str(&path)
@@ -118,21 +119,60 @@ impl TlsServer {
         let ca_file = write("ca.crt", ca.pem());
         let cert_file = write("server.crt", &cert.cert_pem);
         let key_file = write("server.key", &cert.key_pem);
+        CertFiles {
+            dir,
+            ca_file,
+            cert_file,
+            key_file,
+        }
+    }
+
+    /// `--tls-cert-file`, `--tls-key-file` and `--tls-ca-cert-file`, for a `redis-server`
+    /// command line.
+    pub fn server_args(&self) -> Vec<String> {
+        [
+            "--tls-cert-file",
+            &self.cert_file,
+            "--tls-key-file",
+            &self.key_file,
+            "--tls-ca-cert-file",
+            &self.ca_file,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+}
+
+impl Drop for CertFiles {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `redis-server` with a TLS port, serving `cert`; it trusts client certificates signed by
+/// `ca`. Derefs to the [`RedisServer`] (whose plain port stays open).
+pub struct TlsServer {
+    // Declared (so dropped) before the files it reads.
+    server: RedisServer,
+    /// The certificate files, removed on drop.
+    _files: CertFiles,
+}
+
+impl TlsServer {
+    pub fn start(ca: &Ca, cert: &Leaf, client_certs: ClientCerts) -> TlsServer {
+        let files = CertFiles::write(ca, cert);
         let auth = match client_certs {
             ClientCerts::Required => "yes",
             ClientCerts::NotAsked => "no",
         };
-        let server = RedisServer::start_tls(&[
-            "--tls-cert-file",
-            &cert_file,
-            "--tls-key-file",
-            &key_file,
-            "--tls-ca-cert-file",
-            &ca_file,
-            "--tls-auth-clients",
-            auth,
-        ]);
-        TlsServer { server, files }
+        let mut args = files.server_args();
+        args.extend(["--tls-auth-clients".to_owned(), auth.to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = RedisServer::start_tls(&args);
+        TlsServer {
+            server,
+            _files: files,
+        }
     }
 }
 
@@ -140,12 +180,6 @@ impl Deref for TlsServer {
     type Target = RedisServer;
     fn deref(&self) -> &RedisServer {
         &self.server
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.files);
     }
 }
 
