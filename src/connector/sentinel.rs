@@ -569,7 +569,7 @@ fn master_addr(
 /// first, so that should the sentinel move between the two, the address is the newer of the
 /// two, never an old address under a new epoch.
 fn ask_master_addr(con: &mut redis::Connection, name: &str) -> RedisResult<Option<Named>> {
-    let (master, addr): (Value, Option<(String, u16)>) = redis::pipe()
+    let (master, addr): (Value, Value) = redis::pipe()
         .cmd("SENTINEL")
         .arg("MASTER")
         .arg(name)
@@ -578,6 +578,12 @@ fn ask_master_addr(con: &mut redis::Connection, name: &str) -> RedisResult<Optio
         .arg(name)
         .ignore_errors()
         .query(con)?;
+    // An unknown name: an error to the first, nil to the second. A refusal of both (NOAUTH,
+    // NOPERM) is the sentinel's answer, told as such, not as a reply of the wrong type.
+    let addr: Option<(String, u16)> = match addr {
+        Value::ServerError(e) => return Err(e.into()),
+        value => redis::from_redis_value(value)?,
+    };
     let Some((host, port)) = addr else {
         return Ok(None);
     };
