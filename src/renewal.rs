@@ -388,7 +388,7 @@ impl Renewer {
         lease: Duration,
     ) -> redis::RedisResult<(bool, Option<u32>)> {
         let node = self.connector.node_of(&grant.keys);
-        let acks = self.acks;
+        let acks = self.wait_for(std::slice::from_ref(grant));
         let con = self.connection(node, std::slice::from_ref(grant))?;
         let owner = grant.keys.owner();
         match acks {
@@ -417,7 +417,7 @@ impl Renewer {
         }
         // A WAIT sent again by itself would count nothing of ours: with one, an interrupted read
         // leaves its command unanswered (and its lease unconfirmed) instead.
-        let on_interrupt = match self.acks {
+        let on_interrupt = match self.wait_for(batch) {
             None => Interrupted::SendAgain,
             Some(acks) => {
                 wire::pack(
@@ -437,6 +437,31 @@ impl Renewer {
         });
         self.buf = (buf, ends);
         result
+    }
+
+    /// How long a reply to a pipeline renewing `batch` is worth waiting for: until the last
+    /// deadline of the batch, within the response timeout (see [`connection`](Self::connection)).
+    fn budget(&self, batch: &[Arc<Grant>]) -> Duration {
+        let now = Instant::now();
+        let last_deadline = batch.iter().map(|g| g.deadline()).max().unwrap_or(now);
+        last_deadline
+            .saturating_duration_since(now)
+            .max(MIN_TIMEOUT)
+            .min(self.response_timeout)
+    }
+
+    /// The `WAIT` to send behind a pipeline renewing `batch`, if replicas must acknowledge: its
+    /// timeout cut to well within the pipeline's read budget, so that replicas too slow for the
+    /// deadline come back as too few acknowledgements, not as a timed-out (dropped) connection.
+    fn wait_for(&self, batch: &[Arc<Grant>]) -> Option<ReplicaAcks> {
+        let acks = self.acks?;
+        let budget = self.budget(batch);
+        // Never 0 ms: that would make WAIT block for good.
+        let timeout = acks
+            .timeout
+            .min(budget - budget / 4)
+            .max(Duration::from_millis(1));
+        Some(ReplicaAcks { timeout, ..acks })
     }
 
     /// Drops the connection to `node` after a failure; returns the connector epoch it was made
@@ -460,12 +485,7 @@ impl Renewer {
         // whose deadline passes meanwhile are lost all the same: `is_held()` turns false by
         // itself, and a confirmation that comes late cannot revive them. Connecting is bounded
         // the same way.
-        let now = Instant::now();
-        let last_deadline = batch.iter().map(|g| g.deadline()).max().unwrap_or(now);
-        let timeout = last_deadline
-            .saturating_duration_since(now)
-            .max(MIN_TIMEOUT)
-            .min(self.response_timeout);
+        let timeout = self.budget(batch);
         let epoch = self.connector.epoch(node);
         let con = match self.cons.remove(&node) {
             Some((made, con)) if made == epoch => con,

@@ -347,22 +347,26 @@ impl fmt::Debug for Topology {
 /// `url` with the sentinel port ([`SENTINEL_PORT`]) when it names a host and no port: a bare
 /// `redis://host` means the data port to redis-rs, and a sentinel never listens there.
 fn with_sentinel_port(url: String) -> String {
+    let url = url.trim().to_owned();
     let Some((scheme, rest)) = url.split_once("://") else {
         return url;
     };
-    if !matches!(scheme, "redis" | "rediss") {
+    if !scheme.eq_ignore_ascii_case("redis") && !scheme.eq_ignore_ascii_case("rediss") {
         return url;
     }
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..end];
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let has_port = match host.rsplit_once(':') {
+    let (authority, has_port) = match host.rsplit_once(':') {
         // An IPv6 address without a port: the last colon is inside the brackets.
-        Some((_, port)) => !port.contains(']'),
-        None => false,
+        Some((_, port)) if port.contains(']') => (authority, false),
+        // `host:` names no port: redis-rs takes it for 6379.
+        Some((_, "")) => (&authority[..authority.len() - 1], false),
+        Some(_) => (authority, true),
+        None => (authority, false),
     };
     if has_port || host.is_empty() {
-        return url;
+        return url.clone();
     }
     format!("{scheme}://{authority}:{SENTINEL_PORT}{}", &rest[end..])
 }
@@ -620,6 +624,7 @@ mod tests {
                 "redis://[::1]",
                 "redis://h3:7",
                 "redis+unix:///s",
+                " REDIS://h4: ",
             ],
             "m",
         );
@@ -633,7 +638,8 @@ mod tests {
                 "redis://:pw@h2:26379/",
                 "redis://[::1]:26379",
                 "redis://h3:7",
-                "redis+unix:///s"
+                "redis+unix:///s",
+                "REDIS://h4:26379"
             ]
         );
         // So what it shows parses back to the same sentinels.

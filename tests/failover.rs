@@ -9,7 +9,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fencelock::LockClient;
+use fencelock::{LockClient, LockOptions};
 use support::proxy::{Mode, Proxy};
 use support::{lock_client, ms, RedisServer};
 
@@ -274,6 +274,17 @@ fn with_replica_acks_an_unreplicated_renewal_never_keeps_a_guard_held() {
     let err = guard.extend(LEASE * 4).unwrap_err();
     assert!(err.is_not_replicated(), "{err:?}");
     assert!(guard.is_held(), "an unacknowledged extend cut the lease");
+    // Renewals from now on go on new connections, which have written nothing before: from
+    // Redis 7.2, a WAIT behind an extend that wrote nothing would count the stalled replica.
+    let mut admin = pair.master.connection();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut admin)
+        .unwrap();
 
     // Promote the replica once the lease it knows is over (renewals since the cut reached only
     // the master, which still has the lock), and take the lock there.
@@ -302,4 +313,52 @@ fn with_replica_acks_an_unreplicated_renewal_never_keeps_a_guard_held() {
     // The master still has it: it was renewed there all along.
     let mut master = pair.master.connection();
     assert!(support::lock_exists(&mut master, "renewed"));
+}
+
+/// An extend whose deadline is nearer than the WAIT timeout: too few acknowledgements in the time
+/// left, not a connection that timed out (and was dropped).
+#[test]
+fn with_replica_acks_an_extend_near_its_deadline_is_not_replicated_not_timed_out() {
+    let pair = Pair::start();
+    let client = LockClient::builder(pair.master.url())
+        .namespace(support::NAMESPACE)
+        .lease(ms(1500))
+        .response_timeout(ms(1000))
+        .min_replica_acks(1, ms(800))
+        .build()
+        .unwrap();
+    let guard = client
+        .lock_with("near", &LockOptions::new().renew(false))
+        .unwrap();
+    pair.link.set_mode(Mode::Blackhole);
+    thread::sleep(ms(1000));
+    let err = guard.extend(ms(1500)).unwrap_err();
+    assert!(err.is_not_replicated(), "{err:?}");
+}
+
+/// A WAIT the server refuses (here an ACL without it; a master demoted under a blocked WAIT
+/// answers UNBLOCKED) counts no replica: the extend is unconfirmed, the lock still held.
+#[test]
+fn with_replica_acks_a_refused_wait_does_not_lose_the_lock() {
+    let pair = Pair::start();
+    let client = LockClient::builder(pair.master.url())
+        .namespace(support::NAMESPACE)
+        .lease(ms(30_000))
+        .min_replica_acks(1, ms(200))
+        .build()
+        .unwrap();
+    let guard = client.lock("refused").unwrap();
+    let mut admin = pair.master.connection();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-wait")
+        .query(&mut admin)
+        .unwrap();
+    let err = guard.extend(ms(60_000)).unwrap_err();
+    assert!(err.is_not_replicated(), "{err:?}");
+    assert!(
+        guard.is_held(),
+        "a refused WAIT lost a lock the master still has"
+    );
 }

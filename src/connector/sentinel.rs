@@ -12,10 +12,9 @@
 //!                                 command on it was refused as by a replica (READONLY,
 //!                                 MASTERDOWN, NOREPLICAS): the next connection asks again
 //! master M' != M (epoch e + 1)    the sentinels named M' (at a configuration epoch no lower
-//!                                 than seen before, or by a majority), a sentinel announced
-//!                                 +switch-master, or M said ROLE slave: every connection made
-//!                                 at epoch e is dropped when next used (pool, renewal, wake
-//!                                 thread)
+//!                                 than any seen before), a sentinel announced +switch-master,
+//!                                 or M said ROLE slave: every connection made at epoch e is
+//!                                 dropped when next used (pool, renewal, wake thread)
 //! ```
 //!
 //! A watcher thread per client subscribes to `+switch-master` on one sentinel, and every
@@ -23,7 +22,7 @@
 //! demoted master is left even when no connection to it breaks: an old master that comes back
 //! after a failover takes writes for about ten seconds before Sentinel reconfigures it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -67,6 +66,9 @@ struct State {
 struct Addressed {
     shown: String,
     client: redis::Client,
+    /// A question to this sentinel is still out (its thread still runs): at most one at a
+    /// time, so that a frozen sentinel does not gather a thread per round.
+    asking: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -106,6 +108,7 @@ impl Sentinel {
             sentinels.push(Addressed {
                 shown: super::shown(url),
                 client: super::client(url, tls)?,
+                asking: Arc::default(),
             });
         }
         let mut template = redis::RedisConnectionInfo::default().set_db(spec.db);
@@ -236,8 +239,8 @@ impl State {
                 }
             }
         }
-        let (named, majority) = self.ask(deadline)?;
-        self.observe(&named, majority)?;
+        let named = self.ask(deadline)?;
+        self.observe(&named)?;
         let mut current = self.current();
         current.suspect = false;
         current.rounds += 1;
@@ -278,8 +281,8 @@ impl State {
     /// master` for about ten seconds, so the first answer is not enough. Once a majority has
     /// answered, the others get as long again as that took (at least [`MIN_GRACE`]): a frozen
     /// sentinel costs that much, not the whole connection timeout. The sentinel whose answer is
-    /// taken moves to the front. Also returns whether a majority of the sentinels answered.
-    fn ask(&self, deadline: Instant) -> RedisResult<(Named, bool)> {
+    /// taken moves to the front.
+    fn ask(&self, deadline: Instant) -> RedisResult<Named> {
         let sentinels = self
             .sentinels
             .lock()
@@ -290,7 +293,13 @@ impl State {
         let mut answers: Vec<Option<RedisResult<Option<Named>>>> =
             sentinels.iter().map(|_| None).collect();
         let mut asked = 0;
+        let mut busy = Vec::new();
         for (i, sentinel) in sentinels.iter().enumerate() {
+            if sentinel.asking.swap(true, Ordering::AcqRel) {
+                busy.push(i);
+                continue;
+            }
+            let asking = Arc::clone(&sentinel.asking);
             let (tx, client, name) = (tx.clone(), sentinel.client.clone(), self.name.clone());
             let timeout = left(deadline).max(Duration::from_millis(1));
             // Threads of their own: a sentinel that hangs past its timeout (connecting to a
@@ -299,11 +308,16 @@ impl State {
             let spawned = thread::Builder::new()
                 .name("fencelock-sentinel-ask".to_owned())
                 .spawn(move || {
-                    let _ = tx.send((i, master_addr(&client, &name, timeout)));
+                    let answer = master_addr(&client, &name, timeout);
+                    asking.store(false, Ordering::Release);
+                    let _ = tx.send((i, answer));
                 });
             match spawned {
                 Ok(_) => asked += 1,
-                Err(e) => answers[i] = Some(Err(RedisError::from(e))),
+                Err(e) => {
+                    sentinel.asking.store(false, Ordering::Release);
+                    answers[i] = Some(Err(RedisError::from(e)));
+                }
             }
         }
         drop(tx);
@@ -357,6 +371,10 @@ impl State {
                     }
                 }
                 Some(Err(e)) => failures.push(format!("{}: {e}", sentinel.shown)),
+                None if busy.contains(&i) => failures.push(format!(
+                    "{}: still answering an earlier question",
+                    sentinel.shown
+                )),
                 None => failures.push(format!("{}: no answer in time", sentinel.shown)),
             }
         }
@@ -371,7 +389,7 @@ impl State {
                     order.insert(0, answered);
                 }
             }
-            return Ok((answer, named >= majority));
+            return Ok(answer);
         }
         // Every sentinel answered, and none knows such a master or would let us ask: a set-up
         // error (a misspelt name, a password), which asking again will not fix.
@@ -401,12 +419,12 @@ impl State {
     }
 
     /// The sentinels (or the watcher) name `host:port` as the master: a new address starts a
-    /// new epoch. An answer of a lower configuration epoch than one seen before is taken only
-    /// from a round a `majority` of the sentinels answered: a lone sentinel may not have heard
-    /// of the latest failover yet, but when most sentinels say otherwise, the failover that
-    /// raised the epoch was undone (its leader lost before it told the others), or the
-    /// sentinels were set up again (`SENTINEL REMOVE` and `MONITOR` start over at 0).
-    fn observe(&self, named: &Named, majority: bool) -> RedisResult<()> {
+    /// new epoch. An answer of a lower configuration epoch than one seen before is ignored: for
+    /// a second or two after a failover, the sentinels that did not lead it still name the old
+    /// master under the old epoch, however many of them answer. (Sentinels set up again with
+    /// `SENTINEL REMOVE` and `MONITOR` start over at epoch 0: clients built before then follow
+    /// no failover until the epoch passes the highest they saw, and are to be rebuilt.)
+    fn observe(&self, named: &Named) -> RedisResult<()> {
         let Named {
             host,
             port,
@@ -414,7 +432,7 @@ impl State {
         } = named;
         let (host, port) = (host.as_str(), *port);
         let mut current = self.current();
-        if *config_epoch < current.config_epoch && !majority {
+        if *config_epoch < current.config_epoch {
             return Ok(());
         }
         current.config_epoch = *config_epoch;
@@ -696,7 +714,7 @@ fn follow(
             return Ok(());
         };
         if let Some(named) = ask_master_addr(&mut questions, &name)? {
-            let _ = state.observe(&named, false);
+            let _ = state.observe(&named);
         }
         // Briefly: a frozen master must not hold up the switch-master messages behind it.
         check_role(&state, &mut master_con, CHECK.min(timeout));

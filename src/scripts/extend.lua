@@ -8,9 +8,11 @@
 --             longer: a late extend must not cut short what a newer one set)
 --          0  the key is gone or belongs to another owner; nothing was changed
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
+  -- Written even when the lease already runs longer (then to what it was): a WAIT behind this
+  -- call counts the replicas that have this connection's writes, and from Redis 7.2 on, a
+  -- connection that wrote nothing has nothing to wait for, so WAIT would count every replica
+  -- connected, however far behind.
+  redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2])))
   return 1
 end
 return 0

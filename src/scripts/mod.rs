@@ -410,14 +410,25 @@ pub(crate) fn extend_acked(
             Arg::Int(millis(acks.timeout)),
         ],
     );
-    let (reply, acked) = both(run_pipeline(
+    let replies = run_pipeline(
         con,
         &EXTEND,
         &buf,
         &[first, buf.len()],
         Interrupted::LeaveUnanswered,
-    )?)?;
-    Ok((extended(reply)?, redis::from_redis_value(acked)?))
+    )?;
+    let mut replies = replies.into_iter();
+    let reply = match replies.next() {
+        Some(Some(reply)) => reply?,
+        _ => return Err(wire::interrupted_error()),
+    };
+    // A WAIT refused (an ACL without it; UNBLOCKED when the master is demoted under it) or its
+    // reply unread counts no replica: the extend stands unconfirmed, not failed.
+    let acked = match replies.next() {
+        Some(Some(Ok(acked))) => redis::from_redis_value(acked).unwrap_or(0),
+        _ => 0,
+    };
+    Ok((extended(reply)?, acked))
 }
 
 /// Appends one extend call, by EVALSHA, to `buf`; the caller loads the script on NOSCRIPT.
