@@ -138,7 +138,7 @@ impl Locks {
         if !in_redis_queue {
             return found.map(|_| Round::Deadline);
         }
-        if matches!(&found, Err(e) if e.is_connection()) || self.pool.unreachable() {
+        if matches!(&found, Err(e) if e.is_connection()) || self.pools.unreachable(keys.lock()) {
             // Redis did not answer: leaving here would wait for it again, past the caller's
             // timeout. Until the background thread gets through, a lock handed to us meanwhile
             // stays held until its lease runs out (it hands it on if it is still ours).
@@ -260,7 +260,7 @@ impl Locks {
             // and WAIT counts only what its own connection wrote, so the extend re-arms the
             // lease on ours and WAITs behind it.
             let sent = Instant::now();
-            let confirmed = self.pool.run(|con, _| match acks {
+            let confirmed = self.pools.run(keys.lock(), |con, _| match acks {
                 Some(acks) => scripts::extend_acked(con, &keys, keys.owner(), lease, acks)
                     .map(|(ours, acked)| (ours, Some(acked))),
                 None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
@@ -331,7 +331,7 @@ impl Locks {
         deadline: Option<Instant>,
     ) -> Result<Acquire> {
         let acks = self.config.replica_acks;
-        self.pool.run_until(deadline, |con, run| {
+        self.pools.run_until(keys.lock(), deadline, |con, run| {
             // A first run may have queued us before its reply was lost: a grant on this run must
             // take the entry out.
             let queue = match queue {

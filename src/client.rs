@@ -451,7 +451,7 @@ fn run_locked<T, E: From<Error>>(
 /// ```
 impl From<&LockClient> for FencedRedis {
     fn from(client: &LockClient) -> FencedRedis {
-        FencedRedis::on_pool(client.namespace(), Arc::clone(&client.locks.pool))
+        FencedRedis::on_pool(client.namespace(), Arc::clone(&client.locks.pools))
     }
 }
 

@@ -15,19 +15,23 @@
 //! |---|---|---|
 //! | one server | one, at its URL | nothing to learn: the caller retries and reconnects |
 //! | Sentinel (`sentinel.rs`) | one, the master the sentinels name | ask the sentinels again |
+//! | Cluster (`cluster.rs`) | a node per server, a key's node the master of its slot | a redirect moves the slot; a failure asks for the map again |
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
 use crate::tls::TlsSettings;
 use crate::topology::{Kind, Topology};
 
+mod cluster;
 mod sentinel;
+
+pub(crate) use cluster::slot;
 
 /// Names one Redis server of the deployment among those a client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Node(u32);
+pub(crate) struct Node(pub(crate) u32);
 
 impl Node {
     /// The only node of a single server, or of a Sentinel deployment (its master).
@@ -44,6 +48,21 @@ enum Shape {
     Single(Box<redis::Client>),
     /// The master that a group of sentinels names.
     Sentinel(sentinel::Sentinel),
+    /// The masters of a Redis Cluster, each serving the keys of its slots.
+    Cluster(cluster::Cluster),
+}
+
+/// What a reply from a cluster node says about where a command should go. Every one of them
+/// means the command did not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Redirect {
+    /// `MOVED`: the slot is served by `node` now; the map was told.
+    Moved(Node),
+    /// `ASK`: this command, and only this one, goes to `node` behind an `ASKING`.
+    Ask(Node),
+    /// `TRYAGAIN` (the keys of one slot are split by a migration under way) or `CLUSTERDOWN`:
+    /// wait a little and send it again.
+    Later,
 }
 
 impl Connector {
@@ -64,15 +83,90 @@ impl Connector {
             Kind::Sentinel(spec) => {
                 Shape::Sentinel(sentinel::Sentinel::open(&spec, tls, connection_timeout)?)
             }
+            Kind::Cluster(spec) => Shape::Cluster(cluster::Cluster::open(&spec, tls)?),
         };
         Ok(Connector { shape })
     }
 
     /// The node that serves `keys` (all of one lock's keys share a node: they share a hash
     /// slot).
-    pub(crate) fn node_of(&self, _keys: &LockKeys) -> Node {
-        match self.shape {
+    pub(crate) fn node_of(&self, keys: &LockKeys) -> Node {
+        self.node_of_key(keys.lock())
+    }
+
+    /// The node that serves `key`, as far as is known now: nothing is asked.
+    pub(crate) fn node_of_key(&self, key: &str) -> Node {
+        match &self.shape {
             Shape::Single(_) | Shape::Sentinel(_) => Node::SINGLE,
+            Shape::Cluster(cluster) => cluster.node_of_slot(slot(key.as_bytes())),
+        }
+    }
+
+    /// The node that serves `key`, asking the deployment first where it has to (a cluster's
+    /// map not known yet, or suspect), within `connection_timeout` and `deadline`.
+    pub(crate) fn route(
+        &self,
+        key: &str,
+        connection_timeout: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Node> {
+        match &self.shape {
+            Shape::Single(_) | Shape::Sentinel(_) => Ok(Node::SINGLE),
+            Shape::Cluster(cluster) => {
+                cluster.route(slot(key.as_bytes()), connection_timeout, deadline)
+            }
+        }
+    }
+
+    /// Asks for a cluster's map if it is suspect (a node failed, a slot moved), within
+    /// `connection_timeout`: for the renewal thread, which routes by [`node_of`] alone.
+    /// Nothing to do for other shapes.
+    ///
+    /// [`node_of`]: Connector::node_of
+    pub(crate) fn refresh(&self, connection_timeout: Duration) {
+        if let Shape::Cluster(cluster) = &self.shape {
+            cluster.refresh_if_suspect(connection_timeout);
+        }
+    }
+
+    /// Whether keys are spread over several nodes (a cluster), so that calls are routed.
+    pub(crate) fn routes(&self) -> bool {
+        matches!(self.shape, Shape::Cluster(_))
+    }
+
+    /// Where a cluster node's reply `error` sends the command, if it is a redirect; the map
+    /// learns from a `MOVED` or a `CLUSTERDOWN` at once. `None` for any other error, and always
+    /// for a single server or Sentinel.
+    pub(crate) fn redirect(&self, error: &redis::RedisError) -> Option<Redirect> {
+        use redis::{ErrorKind, ServerErrorKind};
+        let Shape::Cluster(cluster) = &self.shape else {
+            return None;
+        };
+        match error.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                let (addr, slot) = error.redirect_node()?;
+                cluster.moved(slot, addr);
+                cluster.node_at(addr).map(Redirect::Moved)
+            }
+            ErrorKind::Server(ServerErrorKind::Ask) => {
+                let (addr, _) = error.redirect_node()?;
+                cluster.node_at(addr).map(Redirect::Ask)
+            }
+            ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirect::Later),
+            ErrorKind::Server(ServerErrorKind::ClusterDown) => {
+                cluster.failed(Node::SINGLE, error);
+                Some(Redirect::Later)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a connection to `node` failed since the deployment's map was last asked for, so
+    /// that asking again may send the call elsewhere (a cluster's failed master).
+    pub(crate) fn failed_since_map(&self, node: Node) -> bool {
+        match &self.shape {
+            Shape::Cluster(cluster) => cluster.failed_since_refresh(node),
+            _ => false,
         }
     }
 
@@ -80,7 +174,8 @@ impl Connector {
     /// serves it: drop them when next used.
     pub(crate) fn epoch(&self, _node: Node) -> u64 {
         match &self.shape {
-            Shape::Single(_) => 0,
+            // A cluster node is an address: a connection to it is never to another server.
+            Shape::Single(_) | Shape::Cluster(_) => 0,
             Shape::Sentinel(sentinel) => sentinel.epoch(),
         }
     }
@@ -88,7 +183,7 @@ impl Connector {
     /// Whether a node can move to another server ([`epoch`](Connector::epoch) can change), so
     /// that long-lived connections should look at the epoch often.
     pub(crate) fn moves(&self) -> bool {
-        !matches!(self.shape, Shape::Single(_))
+        matches!(self.shape, Shape::Sentinel(_))
     }
 
     /// A new connection to `node`, made within `connect_timeout`, whose reads and writes time
@@ -100,26 +195,12 @@ impl Connector {
         response_timeout: Duration,
     ) -> redis::RedisResult<redis::Connection> {
         match (&self.shape, node) {
-            (Shape::Single(client), _) => {
-                let mut con = client.get_connection_with_timeout(connect_timeout)?;
-                con.set_read_timeout(Some(response_timeout))?;
-                con.set_write_timeout(Some(response_timeout))?;
-                if client
-                    .get_connection_info()
-                    .redis_settings()
-                    .password()
-                    .is_none()
-                {
-                    // Without a password nothing in the set-up asks the server, and a server that
-                    // wants one would refuse the first command (NOAUTH) or, for a script with
-                    // many arguments, close the connection with a protocol error. Asking now
-                    // makes it a rejected set-up, which retrying cannot fix.
-                    redis::cmd("PING").query::<()>(&mut con)?;
-                }
-                Ok(con)
-            }
-            // ROLE, asked of every new connection, does what the PING does above.
+            (Shape::Single(client), _) => open(client, connect_timeout, response_timeout),
+            // ROLE, asked of every new connection, does what `open`'s PING does.
             (Shape::Sentinel(sentinel), _) => sentinel.connect(connect_timeout, response_timeout),
+            (Shape::Cluster(cluster), node) => {
+                cluster.connect(node, connect_timeout, response_timeout)
+            }
         }
     }
 
@@ -129,7 +210,10 @@ impl Connector {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> redis::RedisResult<redis::Connection> {
-        self.connect(Node::SINGLE, connect_timeout, response_timeout)
+        match &self.shape {
+            Shape::Cluster(cluster) => cluster.subscriber(connect_timeout, response_timeout),
+            _ => self.connect(Node::SINGLE, connect_timeout, response_timeout),
+        }
     }
 
     /// A connection to `node` made at `epoch` broke under a command, or a command on it failed
@@ -142,6 +226,7 @@ impl Connector {
                 let _ = (node, epoch, error);
             }
             Shape::Sentinel(sentinel) => sentinel.failed(epoch, error),
+            Shape::Cluster(cluster) => cluster.failed(node, error),
         }
     }
 
@@ -150,11 +235,40 @@ impl Connector {
     /// reported with [`failed`](Connector::failed).
     pub(crate) fn not_master(&self, error: &redis::RedisError) -> bool {
         match &self.shape {
-            Shape::Single(_) => false,
+            // A cluster node that is not the master of a slot redirects instead.
+            Shape::Single(_) | Shape::Cluster(_) => false,
             Shape::Sentinel(_) => sentinel::not_master(error),
         }
     }
 }
+
+/// A connection by `client`, within `connect_timeout`, whose reads and writes time out after
+/// `response_timeout`.
+fn open(
+    client: &redis::Client,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
+    let connect_timeout = connect_timeout.max(Duration::from_millis(1));
+    let mut con = client.get_connection_with_timeout(connect_timeout)?;
+    con.set_read_timeout(Some(response_timeout))?;
+    con.set_write_timeout(Some(response_timeout))?;
+    if client
+        .get_connection_info()
+        .redis_settings()
+        .password()
+        .is_none()
+    {
+        // Without a password nothing in the set-up asks the server, and a server that wants one
+        // would refuse the first command (NOAUTH) or, for a script with many arguments, close
+        // the connection with a protocol error. Asking now makes it a rejected set-up, which
+        // retrying cannot fix.
+        redis::cmd("PING").query::<()>(&mut con)?;
+    }
+    Ok(con)
+}
+
+use sentinel::is_refusal;
 
 /// Checks a single server's URL as a client's build would, without TLS settings.
 pub(crate) fn check(url: &str) -> Result<()> {
@@ -250,11 +364,6 @@ fn check_url(url: &str) -> Result<()> {
         }
         "rediss" if cfg!(feature = "tls") => {}
         "rediss" => return wrong(TLS_IS_OFF.into()),
-        "redis+cluster" => {
-            return wrong(format!(
-                "{scheme}:// is not supported yet: one server per client"
-            ))
-        }
         other => return wrong(format!("the scheme {other}:// is not a Redis scheme")),
     }
     // The authority: what comes before the path, after any user info.
@@ -333,7 +442,6 @@ mod tests {
             ("localhost:6379", "write redis://localhost:6379"),
             ("http://localhost/", "not a Redis scheme"),
             ("redis://a:6379,b:6379/", "several hosts"),
-            ("redis+cluster://a:30001/", "not supported yet"),
             ("redis://localhost:99999/", "port \"99999\""),
             ("redis://localhost:63x9/", "port"),
             ("redis://", "no host"),

@@ -56,7 +56,10 @@ pub enum Error {
         key: String,
     },
 
-    /// Every pooled connection stayed in use for the whole connection timeout.
+    /// Every pooled connection stayed in use for the whole connection timeout, or until the
+    /// caller's own deadline (a `try_lock` timeout, at least 10 ms) when that came first: a
+    /// `try_lock` on a client whose pool is busy fails with this, not `Ok(None)`, so that a
+    /// pool too small for its threads shows.
     #[error("all {size} pooled redis connections stayed busy for {waited:?}")]
     PoolExhausted {
         /// The pool size.

@@ -11,10 +11,10 @@ use std::time::Duration;
 use redis::{FromRedisValue, Script};
 
 use crate::config::validate_connections;
-use crate::connector::{Connector, Node};
+use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
-use crate::pool::Pool;
+use crate::pools::Pools;
 use crate::tls::TlsSettings;
 use crate::token::FencingToken;
 use crate::topology::Topology;
@@ -80,7 +80,7 @@ const POOL_SIZE: u32 = 16;
 #[derive(Clone)]
 pub struct FencedRedis {
     namespace: Arc<str>,
-    pool: Arc<Pool>,
+    pool: Arc<Pools>,
 }
 
 impl FencedRedis {
@@ -125,7 +125,7 @@ impl FencedRedis {
     }
 
     /// A store on `pool`'s connections, under `namespace` (already validated).
-    pub(crate) fn on_pool(namespace: &str, pool: Arc<Pool>) -> FencedRedis {
+    pub(crate) fn on_pool(namespace: &str, pool: Arc<Pools>) -> FencedRedis {
         FencedRedis {
             namespace: Arc::from(namespace),
             pool,
@@ -204,8 +204,9 @@ impl FencedRedis {
     /// connection errors, timeouts, and [`Error::Redis`] if the value is not a string.
     pub fn get(&self, resource: &str) -> Result<Option<Vec<u8>>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        self.pool
-            .run(|con, _retry| redis::cmd("GET").arg(&keys.data).query(con))
+        self.pool.run(&keys.data, |con, _retry| {
+            redis::cmd("GET").arg(&keys.data).query(con)
+        })
     }
 
     /// The value of `resource` as an integer, as [`incr_by`](FencedRedis::incr_by) keeps it;
@@ -226,8 +227,9 @@ impl FencedRedis {
     /// [`get`](FencedRedis::get).
     pub fn get_i64(&self, resource: &str) -> Result<Option<i64>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        self.pool
-            .run(|con, _retry| redis::cmd("GET").arg(&keys.data).query(con))
+        self.pool.run(&keys.data, |con, _retry| {
+            redis::cmd("GET").arg(&keys.data).query(con)
+        })
     }
 
     /// Deletes the value of `resource`, unless a token higher than `token` was accepted for it.
@@ -317,9 +319,9 @@ impl FencedRedis {
     /// As for [`get`](FencedRedis::get).
     pub fn highest_token(&self, resource: &str) -> Result<Option<FencingToken>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        let highest: Option<u64> = self
-            .pool
-            .run(|con, _retry| redis::cmd("GET").arg(&keys.accepted).query(con))?;
+        let highest: Option<u64> = self.pool.run(&keys.accepted, |con, _retry| {
+            redis::cmd("GET").arg(&keys.accepted).query(con)
+        })?;
         Ok(highest.map(FencingToken::from))
     }
 
@@ -340,7 +342,8 @@ impl FencedRedis {
         }
         // Not repeated on a broken connection: the first run may have been applied, and an
         // increment must not be applied twice.
-        let (applied, reply): (i64, redis::Value) = self.pool.run_once(|con| call.invoke(con))?;
+        let (applied, reply): (i64, redis::Value) =
+            self.pool.run_once(&keys.data, |con| call.invoke(con))?;
         let parsed = if applied == 1 {
             T::from_redis_value(reply).map(Ok)
         } else {
@@ -455,9 +458,8 @@ impl FencedBuilder {
             self.connection_timeout,
             self.response_timeout,
         )?;
-        let pool = Pool::new(
+        let pool = Pools::new(
             connector,
-            Node::SINGLE,
             self.pool_size,
             self.connection_timeout,
             self.response_timeout,

@@ -301,9 +301,10 @@
 //!   its own threads up to 8 times in a row, and a lock freed by a lease that ran out (a holder
 //!   that died) goes to whichever waiter looks first.
 //!
-//! fencelock talks to one Redis server, or to the master that Redis Sentinel names (see
-//! [`Topology`], and "Running on Sentinel" in the [README] and [design.md]); Cluster and a quorum
-//! of masters are not supported yet (the [README] lists them).
+//! fencelock talks to one Redis server, to the master that Redis Sentinel names, or to the masters
+//! of a Redis Cluster (see [`Topology`], and "Running on Sentinel" and "Running on Redis
+//! Cluster" in the [README] and [design.md]); a quorum of masters is not supported yet (the
+//! [README] lists it).
 //!
 //! # Further reading
 //!
@@ -350,6 +351,7 @@ mod locks;
 mod metrics;
 mod options;
 mod pool;
+mod pools;
 mod reentrant;
 mod release;
 mod renewal;

@@ -24,11 +24,11 @@ use crossbeam_channel::Sender;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::connector::{Connector, Node};
+use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::{release_channel, LockKeys};
 use crate::listener;
-use crate::pool::Pool;
+use crate::pools::Pools;
 use crate::release::Later;
 use crate::renewal::{self, Renewal};
 use crate::wait::Waiters;
@@ -39,7 +39,7 @@ pub(crate) struct Locks {
     /// Every owner id of this client starts with this: a random id for the client, and `:`.
     pub(crate) owner_prefix: String,
     pub(crate) next_owner: AtomicU64,
-    pub(crate) pool: Arc<Pool>,
+    pub(crate) pools: Arc<Pools>,
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) renewal: Renewal,
     pub(crate) next_grant: AtomicU64,
@@ -75,9 +75,8 @@ impl Locks {
         )
         .map_err(thread_error)?;
         Ok(Arc::new(Locks {
-            pool: Arc::new(Pool::new(
+            pools: Arc::new(Pools::new(
                 connector,
-                Node::SINGLE,
                 config.pool_size,
                 config.connection_timeout,
                 config.response_timeout,

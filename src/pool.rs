@@ -27,7 +27,7 @@ mod combine;
 
 use combine::{Combiner, Turn};
 
-/// Which run of a call a [`Pool::run`] closure makes.
+/// Which run of a call a [`Pool::run_as`] closure makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Run {
     /// The first: nothing of it can have reached Redis yet.
@@ -109,8 +109,9 @@ impl Shelf {
 /// How a combined call ended.
 enum Combined {
     Reply(Value),
-    /// The call may have run (a timeout, a broken connection, a signal); the error says which.
-    Failed(RedisError),
+    /// The call may have run (a timeout, a broken connection, a signal); the error says which,
+    /// and the number the connector's epoch had when its connection was made.
+    Failed(RedisError, u64),
     /// No connection could be had: the call did not run.
     NoConnection(Error),
     /// Refused unrun (NOSCRIPT): to be run alone, which loads the script.
@@ -193,7 +194,7 @@ impl Pool {
                 slots.open += 1;
                 drop(slots);
                 drop(stale);
-                return self.connect(patience);
+                return self.connect(patience, patience < self.connection_timeout);
             }
             let waited = started.elapsed();
             let Some(left) = patience.checked_sub(waited).filter(|l| !l.is_zero()) else {
@@ -222,8 +223,9 @@ impl Pool {
         self.shelf.returned.notify_one();
     }
 
-    /// Makes a connection for a place already counted in `open`, within `timeout`.
-    fn connect(&self, timeout: Duration) -> Result<Conn> {
+    /// Makes a connection for a place already counted in `open`, within `timeout`; `cut`: the
+    /// caller's deadline made that shorter than the connection timeout.
+    fn connect(&self, timeout: Duration, cut: bool) -> Result<Conn> {
         let generation = self.made.fetch_add(1, Ordering::Relaxed);
         // Read before connecting: a connection made while the epoch moves counts as older.
         let epoch = self.connector.epoch(self.node);
@@ -240,7 +242,11 @@ impl Pool {
                 slots.open = slots.open.saturating_sub(1);
                 drop(slots);
                 self.shelf.returned.notify_one();
-                self.unreachable.store(true, Ordering::Relaxed);
+                // A connection the caller's deadline cut short says nothing about the server:
+                // it may only be slower than that deadline (see `finish`).
+                if !(cut && e.is_timeout()) {
+                    self.unreachable.store(true, Ordering::Relaxed);
+                }
                 Err(Error::from_connect(e))
             }
         }
@@ -290,35 +296,22 @@ impl Pool {
         self.unreachable.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on a pooled connection. If the connection turns out to be broken (Redis restarted
-    /// since it was made), every older connection is retired and `f` runs once more on a fresh
-    /// one, told so by its [`Run`] argument; a second failure is returned. A reply a signal
-    /// interrupted costs a run again, on the same connection. `f` must be safe to repeat: the
-    /// first run may have taken effect before the connection broke or the read was cut.
-    pub(crate) fn run<T>(
+    /// Runs `f` on a pooled connection, its first run being `first` (a retry, if an earlier
+    /// run, on this pool or another, may have run). If the connection turns out to be broken
+    /// (Redis restarted since it was made), every older connection is retired and `f` runs once
+    /// more on a fresh one, told so by its [`Run`] argument; a second failure is returned. A
+    /// reply a signal interrupted costs a run again, on the same connection. `f` must be safe
+    /// to repeat: the first run may have taken effect before the connection broke or the read
+    /// was cut.
+    ///
+    /// With a `deadline`, replies are awaited until then (at least [`MIN_READ`]) when that is
+    /// sooner than the response timeout, and a reply that comes later is a timeout like any
+    /// other.
+    pub(crate) fn run_as<T>(
         &self,
-        f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
-    ) -> Result<T> {
-        self.run_from(f, Run::First, None)
-    }
-
-    /// [`run`](Pool::run) for a caller that waits no later than `deadline`: replies are awaited
-    /// until then (at least [`MIN_READ`]) when that is sooner than the response timeout, and a
-    /// reply that comes later is a timeout like any other.
-    pub(crate) fn run_until<T>(
-        &self,
-        deadline: Option<Instant>,
-        f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
-    ) -> Result<T> {
-        self.run_from(f, Run::First, deadline)
-    }
-
-    /// [`run`](Pool::run), whose first run is `first` (a retry, if an earlier run may have run).
-    fn run_from<T>(
-        &self,
-        mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
         first: Run,
         deadline: Option<Instant>,
+        mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut conn = self.get(deadline)?;
         let mut cut = self.cut_reads(&mut conn, deadline);
@@ -399,7 +392,7 @@ impl Pool {
         result
     }
 
-    /// Like [`run`](Pool::run) for a call that `f` makes and `packed` holds encoded: `packed`
+    /// Like [`run_as`](Pool::run_as) for a call that `f` makes and `packed` holds encoded: `packed`
     /// goes out first, together with the calls other threads make meanwhile, and its reply is
     /// read by `reply`. A batch whose connection broke or whose read a signal cut runs `f`
     /// alone, as a retry (the batch may have run the call); a timeout or an error reply is the
@@ -413,14 +406,16 @@ impl Pool {
         match self.combined(packed) {
             Combined::Reply(value) => reply(value).map_err(Error::from_redis),
             // Refused unrun by a server that is no longer the master: as if never sent.
-            Combined::Failed(e) if self.connector.not_master(&e) => {
-                self.retire_all(self.connector.epoch(self.node), &e);
-                self.run_from(f, Run::First, None)
+            Combined::Failed(e, epoch) if self.connector.not_master(&e) => {
+                self.retire_all(epoch, &e);
+                self.run_as(Run::First, None, f)
             }
-            Combined::Failed(e) if !e.is_io_error() || e.is_timeout() => Err(Error::from_redis(e)),
-            Combined::Failed(_) => self.run_from(f, Run::Retry, None),
+            Combined::Failed(e, _) if !e.is_io_error() || e.is_timeout() => {
+                Err(Error::from_redis(e))
+            }
+            Combined::Failed(..) => self.run_as(Run::Retry, None, f),
             Combined::NoConnection(e) => Err(e),
-            Combined::NotRun => self.run_from(f, Run::First, None),
+            Combined::NotRun => self.run_as(Run::First, None, f),
             Combined::Unsent => Err(Error::Connection(Box::new(Unsent))),
         }
     }
@@ -468,8 +463,9 @@ impl Pool {
             if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
                 self.retire_all(conn.epoch, e);
             }
+            let epoch = conn.epoch;
             self.put(conn);
-            replies
+            (replies, epoch)
         });
         // The next batch goes out while this one's answers are handed round.
         batch.pass_on();
@@ -477,14 +473,14 @@ impl Pool {
             Err(e) => (0..ends.len())
                 .map(|_| Combined::NoConnection(e.same()))
                 .collect(),
-            Ok(replies) => replies
+            Ok((replies, epoch)) => replies
                 .into_iter()
                 .map(|reply| match reply {
                     Some(Ok(value)) => Combined::Reply(value),
                     // Refused before running: the caller runs it alone, which loads the script.
                     Some(Err(e)) if crate::scripts::no_script(&e) => Combined::NotRun,
-                    Some(Err(e)) => Combined::Failed(e),
-                    None => Combined::Failed(wire::interrupted_error()),
+                    Some(Err(e)) => Combined::Failed(e, epoch),
+                    None => Combined::Failed(wire::interrupted_error(), epoch),
                 })
                 .collect(),
         };
@@ -550,7 +546,7 @@ fn connect(
     made
 }
 
-/// The shortest wait for a reply that [`Pool::run_until`] allows near a deadline: below this, a
+/// The shortest wait for a reply that [`Pool::run_as`] allows near a deadline: below this, a
 /// busy machine would fail calls Redis answered in good time.
 pub(crate) const MIN_READ: Duration = Duration::from_millis(10);
 

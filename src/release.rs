@@ -66,7 +66,7 @@ impl Locks {
             grant: Arc::clone(grant),
             was_held,
         };
-        if self.pool.unreachable() || !was_held {
+        if self.pools.unreachable(grant.keys.lock()) || !was_held {
             self.later(later());
         } else if let Err(e) = self.give_back(grant, was_held) {
             if pool::unsent(&e) {
@@ -231,7 +231,7 @@ impl Locks {
     }
 
     /// [`hand_over`](Locks::hand_over) whose replies are awaited no later than `until` (see
-    /// [`Pool::run_until`](crate::pool::Pool::run_until)); sent alone, not with other unlocks.
+    /// [`Pool::run_as`](crate::pool::Pool::run_as)); sent alone, not with other unlocks.
     pub(crate) fn hand_over_until(
         &self,
         keys: &LockKeys,
@@ -281,15 +281,17 @@ impl Locks {
         let released = if leaving == Leaving::Forced {
             // Run once, never again on a fresh connection: a second run would take the lock
             // from the waiter the first one handed it to.
-            self.pool
-                .run_once(|con| scripts::release(con, keys, owner, leaving, next_ref))
+            self.pools.run_once(keys.lock(), |con| {
+                scripts::release(con, keys, owner, leaving, next_ref)
+            })
         } else if until.is_some() {
-            self.pool.run_until(until, |con, run| {
+            self.pools.run_until(keys.lock(), until, |con, run| {
                 reply_lost |= run == Run::Retry;
                 scripts::release(con, keys, owner, leaving, next_ref)
             })
         } else {
-            self.pool.run_combined(
+            self.pools.run_combined(
+                keys.lock(),
                 scripts::pack_release(keys, owner, leaving, next_ref),
                 |reply| scripts::released(reply, keys),
                 |con, run| {

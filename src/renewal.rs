@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::connector::{Connector, Node};
+use crate::connector::{Connector, Node, Redirect};
 use crate::error::Error;
 use crate::grant::Grant;
 use crate::metrics;
@@ -241,6 +241,15 @@ impl Renewer {
 
     /// Renews every lease due, in pipelines, and files each by its reply.
     fn renew_due(&mut self) {
+        if self
+            .schedule
+            .next_wake()
+            .is_some_and(|at| at <= Instant::now())
+        {
+            // A cluster's map suspect (a node failed, a slot moved): ask for it before the
+            // grants are grouped by node.
+            self.connector.refresh(self.connection_timeout);
+        }
         let connector = &self.connector;
         let due = self
             .schedule
@@ -307,6 +316,9 @@ impl Renewer {
                 Ok(true) if short.is_some() => Reply::Unknown,
                 reply => Reply::from(&reply),
             },
+            // A cluster node that no longer serves the key (or not yet, or not now): refused
+            // unrun, and sent again where the map says once it learnt from the reply.
+            Some(Err(e)) if self.connector.redirect(&e).is_some() => Reply::Unknown,
             Some(Err(e)) => Reply::Refused(e.to_string()),
             // A signal interrupted the read of it.
             None => Reply::Unknown,
@@ -342,15 +354,24 @@ impl Renewer {
             return Ok(false);
         }
         let mut sent = Instant::now();
-        let mut reply = self.extend_once(grant, lease);
+        let mut reply = self.extend_once(grant, lease, None);
         for _ in 0..wire::MAX_INTERRUPTS {
-            match &reply {
-                Err(e) if wire::interrupted(e) => {
-                    sent = Instant::now();
-                    reply = self.extend_once(grant, lease);
-                }
+            let asking = match &reply {
+                Err(e) if wire::interrupted(e) => None,
+                // A cluster's redirect: the extend did not run; it goes where the reply says.
+                Err(e) => match self.connector.redirect(e) {
+                    Some(Redirect::Moved(_)) => None,
+                    Some(Redirect::Ask(node)) => Some(node),
+                    Some(Redirect::Later) => {
+                        thread::sleep(Duration::from_millis(10));
+                        None
+                    }
+                    None => break,
+                },
                 _ => break,
-            }
+            };
+            sent = Instant::now();
+            reply = self.extend_once(grant, lease, asking);
         }
         let outcome = match &reply {
             Err(e) if e.is_io_error() || self.connector.not_master(e) => {
@@ -381,15 +402,20 @@ impl Renewer {
     }
 
     /// One extend call (and `WAIT`, with replica acknowledgement on): whether the lease was
-    /// re-armed, and the count acknowledged when it is too low.
+    /// re-armed, and the count acknowledged when it is too low. `asking`: a cluster node that
+    /// an `ASK` redirect named, to send it to behind an `ASKING`.
     fn extend_once(
         &mut self,
         grant: &Arc<Grant>,
         lease: Duration,
+        asking: Option<Node>,
     ) -> redis::RedisResult<(bool, Option<u32>)> {
-        let node = self.connector.node_of(&grant.keys);
+        let node = asking.unwrap_or_else(|| self.connector.node_of(&grant.keys));
         let acks = self.wait_for(std::slice::from_ref(grant));
         let con = self.connection(node, std::slice::from_ref(grant))?;
+        if asking.is_some() {
+            redis::cmd("ASKING").query::<()>(con)?;
+        }
         let owner = grant.keys.owner();
         match acks {
             None => scripts::extend(con, &grant.keys, owner, lease).map(|ours| (ours, None)),

@@ -63,7 +63,9 @@ impl Locks {
     /// repeated on a fresh connection if the pooled one turns out broken.
     pub(crate) fn status(&self, key: &str) -> Result<LockStatus> {
         let keys = LockKeys::new(&self.config.namespace, key)?;
-        let status = self.pool.run(|con, _| scripts::status(con, &keys))?;
+        let status = self
+            .pools
+            .run(keys.lock(), |con, _| scripts::status(con, &keys))?;
         Ok(LockStatus {
             held: status.held,
             token: status.token,

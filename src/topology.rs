@@ -1,4 +1,5 @@
-//! What a client connects to: one server, or the master that Redis Sentinel names.
+//! What a client connects to: one server, the master that Redis Sentinel names, or a Redis
+//! Cluster.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,8 +11,9 @@ use crate::error::{Error, Result};
 ///
 /// Most programs never name this type: a URL converts into it, so
 /// `LockClient::builder("redis://127.0.0.1:6379/")` is a single server, and a `redis+sentinel://`
-/// URL is the master that a group of sentinels names. Build one by hand to give each sentinel its
-/// own URL, or the data nodes credentials of their own.
+/// URL is the master that a group of sentinels names, and a `redis+cluster://` URL a Redis
+/// Cluster. Build one by hand to give each sentinel its own URL, or the data nodes credentials
+/// of their own.
 ///
 /// # Forms
 ///
@@ -20,6 +22,7 @@ use crate::error::{Error, Result};
 /// | `redis://[[user]:password@]host[:port][/db]` | one server (`rediss://` with the `tls` feature; `redis+unix:///path` or `unix:///path` for a socket) |
 /// | `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master_name[/db][?sentinel_username=U&sentinel_password=P]` | the master named `master_name` by these sentinels (port 26379 unless given) |
 /// | `rediss+sentinel://...` | the same over TLS, to the sentinels and to the master (the `tls` feature) |
+/// | `redis+cluster://[[user]:password@]host[:port][,host[:port]...]` | a Redis Cluster that these seed nodes belong to (port 6379 unless given); `rediss+cluster://` over TLS |
 ///
 /// In the Sentinel form the user and password before the hosts are the *data nodes'* (the
 /// master's), as in most Redis clients; the sentinels' own, if they have any, go in the query.
@@ -62,6 +65,15 @@ pub(crate) enum Kind {
     /// that `From<&str>` cannot fail).
     Url(String),
     Sentinel(SentinelSpec),
+    Cluster(ClusterSpec),
+}
+
+/// The seed nodes of a Redis Cluster: `redis://` (or `rediss://`) URLs, each with the
+/// credentials of the cluster's nodes. Every node found later is reached with the first seed's
+/// credentials and scheme.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ClusterSpec {
+    pub(crate) seeds: Vec<String>,
 }
 
 /// The sentinels to ask, which master to ask them for, and how to log in to it.
@@ -132,6 +144,41 @@ impl Topology {
         }
     }
 
+    /// A Redis Cluster that the nodes at `seeds` belong to (`redis://[[user]:password@]host[:port]`
+    /// each; one that answers is enough, more ride out a seed that is down). Every node the
+    /// cluster names is reached with the first seed's credentials, and over TLS if it is
+    /// `rediss://`.
+    ///
+    /// The client asks a seed for the map of hash slots (`CLUSTER SLOTS`), sends each lock's
+    /// scripts to the master that owns the lock's slot, and follows the cluster through
+    /// failovers and slot migrations (`MOVED`, `ASK`, `TRYAGAIN`): see "Running on Redis
+    /// Cluster" in the README and in docs/design.md.
+    ///
+    /// ```
+    /// use fencelock::{LockClient, Topology};
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = LockClient::builder(Topology::cluster(["redis://127.0.0.1:30001"]))
+    ///     .namespace("orders")
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster<I, S>(seeds: I) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Topology {
+            kind: Kind::Cluster(ClusterSpec {
+                seeds: seeds
+                    .into_iter()
+                    .map(|url| url.into().trim().to_owned())
+                    .collect(),
+            }),
+        }
+    }
+
     /// The password of the data nodes (the master and its replicas) of a Sentinel topology,
     /// when they want one (`requirepass`, or an ACL user's). Only for [`Topology::sentinel`]:
     /// a single server's password goes in its URL.
@@ -169,6 +216,11 @@ impl Topology {
                     self.kind = Kind::Sentinel(spec);
                 }
             },
+            Kind::Cluster(spec) => {
+                let mut misused = SentinelSpec::misused(spec.seeds.first().map_or("", |s| s));
+                misused.misuse = Some(setter);
+                self.kind = Kind::Sentinel(misused);
+            }
         }
         self
     }
@@ -176,13 +228,18 @@ impl Topology {
     /// What to connect to, checked: a single server's URL, or a Sentinel set-up.
     pub(crate) fn resolve(&self) -> Result<Kind> {
         match &self.kind {
-            Kind::Url(url) => match parse_sentinel_url(url) {
-                Some(spec) => Ok(Kind::Sentinel(spec?)),
-                None => Ok(Kind::Url(url.clone())),
+            Kind::Url(url) => match (parse_sentinel_url(url), parse_cluster_url(url)) {
+                (Some(spec), _) => Ok(Kind::Sentinel(spec?)),
+                (None, Some(spec)) => Ok(Kind::Cluster(spec?)),
+                (None, None) => Ok(Kind::Url(url.clone())),
             },
             Kind::Sentinel(spec) => {
                 spec.check()?;
                 Ok(Kind::Sentinel(spec.clone()))
+            }
+            Kind::Cluster(spec) => {
+                spec.check()?;
+                Ok(Kind::Cluster(spec.clone()))
             }
         }
     }
@@ -259,6 +316,49 @@ impl SentinelSpec {
     }
 }
 
+impl ClusterSpec {
+    fn check(&self) -> Result<()> {
+        let wrong = |why: String| Err(Error::invalid("topology", why));
+        if self.seeds.is_empty() {
+            return wrong("no seed node given".into());
+        }
+        let scheme = |url: &str| {
+            url.split_once("://")
+                .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        };
+        for url in &self.seeds {
+            match scheme(url).as_deref() {
+                Some("redis") | Some("rediss") => {}
+                _ => {
+                    return wrong(format!(
+                        "the seed {} is not a redis:// or rediss:// URL (a cluster node is \
+                         reached over TCP)",
+                        crate::connector::shown(url)
+                    ))
+                }
+            }
+            crate::connector::check(url)?;
+        }
+        if self
+            .seeds
+            .iter()
+            .any(|u| scheme(u) != scheme(&self.seeds[0]))
+        {
+            return wrong(
+                "some seed URLs are rediss:// and some are not: TLS is all or nothing".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the nodes are reached over TLS.
+    pub(crate) fn tls(&self) -> bool {
+        self.seeds
+            .first()
+            .is_some_and(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+    }
+}
+
 impl From<&str> for Topology {
     /// A URL, parsed when the client is built.
     fn from(url: &str) -> Topology {
@@ -292,15 +392,18 @@ impl FromStr for Topology {
     /// Parses any of the [forms](Topology#forms), checking it as a client's build would (a
     /// single server's URL is checked without TLS settings).
     fn from_str(url: &str) -> Result<Topology> {
-        match parse_sentinel_url(url) {
-            Some(spec) => Ok(Topology {
+        if let Some(spec) = parse_sentinel_url(url) {
+            return Ok(Topology {
                 kind: Kind::Sentinel(spec?),
-            }),
-            None => {
-                crate::connector::check(url)?;
-                Ok(Topology::single(url))
-            }
+            });
         }
+        if let Some(spec) = parse_cluster_url(url) {
+            return Ok(Topology {
+                kind: Kind::Cluster(spec?),
+            });
+        }
+        crate::connector::check(url)?;
+        Ok(Topology::single(url))
     }
 }
 
@@ -331,6 +434,28 @@ impl fmt::Display for Topology {
                 write!(f, "/{}", encode(&spec.master_name))?;
                 if spec.db != 0 {
                     write!(f, "/{}", spec.db)?;
+                }
+                Ok(())
+            }
+            Kind::Cluster(spec) => {
+                let scheme = if spec.tls() {
+                    "rediss+cluster"
+                } else {
+                    "redis+cluster"
+                };
+                write!(f, "{scheme}://")?;
+                if let Some(first) = spec.seeds.first() {
+                    let shown = crate::connector::shown(first);
+                    let rest = shown.split_once("://").map_or("", |(_, r)| r);
+                    if let Some((info, _)) = rest.rsplit_once('@') {
+                        write!(f, "{info}@")?;
+                    }
+                }
+                for (i, url) in spec.seeds.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    f.write_str(&host_port(url))?;
                 }
                 Ok(())
             }
@@ -501,6 +626,55 @@ fn parse_sentinel_rest(url: &str, rest: &str, tls: bool) -> Result<SentinelSpec>
     Ok(spec)
 }
 
+/// Parses a `redis+cluster://` or `rediss+cluster://` URL; `None` for any other scheme.
+fn parse_cluster_url(url: &str) -> Option<Result<ClusterSpec>> {
+    const FORM: &str = "expected redis+cluster://[[user]:password@]host[:port][,host[:port]...]";
+    let trimmed = url.trim();
+    let (scheme, rest) = trimmed.split_once("://")?;
+    let tls = match scheme.to_ascii_lowercase().as_str() {
+        "redis+cluster" => false,
+        "rediss+cluster" => true,
+        _ => return None,
+    };
+    let wrong = |what: String| {
+        Err(Error::invalid(
+            "url",
+            format!("{}: {what}; {FORM}", crate::connector::shown(url)),
+        ))
+    };
+    if tls && !cfg!(feature = "tls") {
+        return Some(Err(Error::invalid("url", crate::connector::TLS_IS_OFF)));
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, after) = rest.split_at(end);
+    if !after.is_empty() && after != "/" {
+        return Some(wrong(format!(
+            "unexpected {after:?} after the hosts (a cluster has database 0 only)"
+        )));
+    }
+    let (user_info, hosts) = match authority.rsplit_once('@') {
+        Some((info, hosts)) => (format!("{info}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let mut seeds = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Some(wrong("an empty host in the list".into()));
+        }
+        if let Some((_, port)) = host.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+            if port.parse::<u16>().is_err() {
+                return Some(wrong(format!(
+                    "the port {port:?} is not a number from 0 to 65535"
+                )));
+            }
+        }
+        let scheme = if tls { "rediss" } else { "redis" };
+        seeds.push(format!("{scheme}://{user_info}{host}"));
+    }
+    let spec = ClusterSpec { seeds };
+    Some(spec.check().map(|()| spec))
+}
+
 /// Percent-decodes `s`.
 fn decode(s: &str) -> std::result::Result<String, String> {
     let bytes = s.as_bytes();
@@ -648,6 +822,58 @@ mod tests {
         assert_eq!(shown, "redis+sentinel://h1:26379,[::1]:26379,h3:7/m");
         let again: Topology = shown.parse().unwrap();
         assert_eq!(again.to_string(), shown);
+    }
+
+    #[test]
+    fn parses_the_cluster_form() {
+        let t: Topology = "redis+cluster://u:p%40ss@h1:1,h2,[::1]:3".parse().unwrap();
+        let Kind::Cluster(spec) = &t.kind else {
+            panic!("not cluster");
+        };
+        assert_eq!(
+            spec.seeds,
+            [
+                "redis://u:p%40ss@h1:1",
+                "redis://u:p%40ss@h2",
+                "redis://u:p%40ss@[::1]:3"
+            ]
+        );
+        assert_eq!(t.to_string(), "redis+cluster://u:***@h1:1,h2,[::1]:3");
+        assert!(matches!(
+            Topology::from("redis+cluster://h1:7000/").resolve(),
+            Ok(Kind::Cluster(ClusterSpec { seeds })) if seeds == ["redis://h1:7000"]
+        ));
+        let api = Topology::cluster(["redis://h1:1/", "redis://h2:2"]);
+        assert_eq!(api.to_string(), "redis+cluster://h1:1,h2:2");
+        for (url, says) in [
+            ("redis+cluster://h1:1/3", "database 0"),
+            ("redis+cluster://h1:x", "port"),
+            ("redis+cluster://h1:1,,h2", "empty host"),
+        ] {
+            match url.parse::<Topology>() {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.contains(says), "{url}: {reason}")
+                }
+                other => panic!("{url}: {:?}", other.map(|t| t.to_string())),
+            }
+        }
+        let none: [&str; 0] = [];
+        for (t, says) in [
+            (Topology::cluster(none), "no seed"),
+            (Topology::cluster(["redis+unix:///s"]), "over TCP"),
+            (
+                Topology::cluster(["redis://h:1", "rediss://h:2"]),
+                "all or nothing",
+            ),
+            (Topology::cluster(["redis://h:1"]).master_db(1), "Sentinel"),
+        ] {
+            match t.resolve() {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.contains(says), "{t:?}: {reason}")
+                }
+                other => panic!("{t:?}: {:?}", other.is_ok()),
+            }
+        }
     }
 
     #[test]

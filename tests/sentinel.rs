@@ -4,15 +4,14 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fencelock::{Error, LockClient, LockGuard, Topology};
-use support::history::{History, Hold};
+use fencelock::{Error, LockClient, Topology};
 use support::proxy::{Mode, Proxy};
 use support::sentinel::{SentinelSet, MASTER_NAME};
+use support::workload::Workload;
 use support::{command_calls, ms};
 
 /// The settings docs/design.md recommends for locks on Sentinel: a master without a fresh
@@ -32,124 +31,6 @@ fn client(set: &SentinelSet, lease_ms: u64) -> LockClient {
         .response_timeout(ms(1000))
         .build()
         .unwrap()
-}
-
-/// Threads of several clients taking and releasing locks on a few keys, recording every hold.
-struct Workload {
-    stop: Arc<AtomicBool>,
-    threads: Vec<thread::JoinHandle<()>>,
-    history: History,
-    /// Grants per client.
-    grants: Vec<Arc<AtomicU64>>,
-    errors: Arc<AtomicU64>,
-}
-
-impl Workload {
-    fn start(clients: &[LockClient], threads_per_client: usize, keys: usize) -> Workload {
-        let stop = Arc::new(AtomicBool::new(false));
-        let history = History::new();
-        let errors = Arc::new(AtomicU64::new(0));
-        let mut grants = Vec::new();
-        let mut threads = Vec::new();
-        for (c, client) in clients.iter().enumerate() {
-            let granted = Arc::new(AtomicU64::new(0));
-            grants.push(Arc::clone(&granted));
-            for t in 0..threads_per_client {
-                let (client, stop, history, errors, granted) = (
-                    client.clone(),
-                    Arc::clone(&stop),
-                    history.clone(),
-                    Arc::clone(&errors),
-                    Arc::clone(&granted),
-                );
-                let holder = c * 100 + t;
-                threads.push(thread::spawn(move || {
-                    let mut n = holder;
-                    while !stop.load(Ordering::Relaxed) {
-                        n = n.wrapping_mul(31).wrapping_add(7);
-                        let key = format!("k{}", n % keys);
-                        match client.try_lock(&key, ms(1500)) {
-                            Ok(Some(guard)) => {
-                                granted.fetch_add(1, Ordering::Relaxed);
-                                hold(&guard, &key, holder, ms(3), &history);
-                            }
-                            Ok(None) => {}
-                            Err(_) => {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                                thread::sleep(ms(20));
-                            }
-                        }
-                    }
-                }));
-            }
-        }
-        Workload {
-            stop,
-            threads,
-            history,
-            grants,
-            errors,
-        }
-    }
-
-    fn grants(&self) -> Vec<u64> {
-        self.grants
-            .iter()
-            .map(|g| g.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// Until every client has granted `more` locks beyond `since`; panics after `timeout`.
-    fn await_grants(&self, since: &[u64], more: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let now = self.grants();
-            if now.iter().zip(since).all(|(n, s)| *n >= s + more) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "clients stopped granting: {since:?} then {now:?} ({} errors)",
-                self.errors.load(Ordering::Relaxed)
-            );
-            thread::sleep(ms(20));
-        }
-    }
-
-    fn stop(self) -> History {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        self.history
-    }
-}
-
-/// Holds `guard` for about `time`, and records the hold up to the last moment it was seen held:
-/// a lock lost meanwhile (a failover that lost it) ends there.
-fn hold(guard: &LockGuard, key: &str, holder: usize, time: Duration, history: &History) {
-    let start = Instant::now();
-    let token = guard.token().as_u64();
-    let mut end = start;
-    let until = start + time;
-    loop {
-        let now = Instant::now();
-        if !guard.is_held() {
-            break;
-        }
-        end = now;
-        if now >= until {
-            break;
-        }
-        thread::sleep(ms(1));
-    }
-    history.record(Hold {
-        key: key.to_owned(),
-        holder,
-        token,
-        start,
-        end,
-    });
 }
 
 #[test]

@@ -59,6 +59,9 @@ struct State {
     resolved: Condvar,
     /// Bumped whenever the master changes: connections made before are to be dropped.
     epoch: AtomicU64,
+    /// The client's connection timeout: a connection given less (by a caller's deadline) that
+    /// times out says nothing about the master.
+    connection_timeout: Duration,
 }
 
 /// A sentinel, and how to show it in a message.
@@ -127,6 +130,7 @@ impl Sentinel {
             resolving: Mutex::new(false),
             resolved: Condvar::new(),
             epoch: AtomicU64::new(0),
+            connection_timeout,
         });
         let weak = Arc::downgrade(&state);
         let timeout = connection_timeout.clamp(Duration::from_millis(10), Duration::from_secs(5));
@@ -169,6 +173,10 @@ impl Sentinel {
                     }
                 }
                 Err(e) if is_refusal(&e) => return Err(e),
+                // Cut short by the caller's deadline: the master may just be slower than that.
+                Err(e) if e.is_timeout() && connect_timeout < state.connection_timeout => {
+                    return Err(e)
+                }
                 Err(e) => {
                     state.suspect(epoch);
                     if asked || left.is_zero() {
@@ -200,7 +208,7 @@ pub(crate) fn not_master(error: &RedisError) -> bool {
 
 /// A set-up error that asking again cannot fix: wrong credentials, a database that does not
 /// exist, NOAUTH.
-fn is_refusal(e: &RedisError) -> bool {
+pub(super) fn is_refusal(e: &RedisError) -> bool {
     matches!(
         crate::Error::from_connect(e.clone()),
         crate::Error::Rejected(_)

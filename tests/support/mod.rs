@@ -14,6 +14,7 @@ pub mod sentinel;
 pub mod soak;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod workload;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
