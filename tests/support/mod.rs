@@ -7,6 +7,7 @@
 //! Included from integration tests with `mod support;` and from benches with
 //! `#[path = "../../tests/support/mod.rs"] mod support;` (in `benches/locks/server.rs`).
 
+pub mod cluster;
 pub mod faults;
 pub mod history;
 pub mod proxy;
@@ -619,6 +620,17 @@ impl RedisServer {
 
     /// A server started as `options` say: see [`ServerOptions`].
     pub fn start_as(options: &ServerOptions) -> RedisServer {
+        Self::start_as_with(options, Vec::new)
+    }
+
+    /// Like [`RedisServer::start_as`], with the arguments `per_try()` gives put before
+    /// `options.args`, drawn afresh for every start attempt: a second port of the server's own
+    /// (a cluster bus port, say), which a retry after a port taken meanwhile must draw again
+    /// like the main port. [`RedisServer::restart`] reuses those of the attempt that started.
+    fn start_as_with(
+        options: &ServerOptions,
+        mut per_try: impl FnMut() -> Vec<String>,
+    ) -> RedisServer {
         let ServerOptions {
             args,
             listen,
@@ -657,6 +669,7 @@ impl RedisServer {
             for arg in ["--save", "", "--appendonly", "no", "--daemonize", "no"] {
                 all.push(arg.into());
             }
+            all.extend(per_try().into_iter().map(OsString::from));
             all.extend(args.iter().map(OsString::from));
             if let Some(tls) = tls {
                 all.extend(["--tls-port".into(), tls.to_string().into()]);
