@@ -48,8 +48,8 @@ enum Shape {
     Single(Box<redis::Client>),
     /// The master that a group of sentinels names.
     Sentinel(sentinel::Sentinel),
-    /// The masters of a Redis Cluster, each serving the keys of its slots.
-    Cluster(cluster::Cluster),
+    /// The masters of a Redis Cluster, each serving the keys of its slots. Boxed, as `Single`.
+    Cluster(Box<cluster::Cluster>),
 }
 
 /// What a reply from a cluster node says about where a command should go. Every one of them
@@ -83,7 +83,7 @@ impl Connector {
             Kind::Sentinel(spec) => {
                 Shape::Sentinel(sentinel::Sentinel::open(&spec, tls, connection_timeout)?)
             }
-            Kind::Cluster(spec) => Shape::Cluster(cluster::Cluster::open(&spec, tls)?),
+            Kind::Cluster(spec) => Shape::Cluster(Box::new(cluster::Cluster::open(&spec, tls)?)),
         };
         Ok(Connector { shape })
     }
