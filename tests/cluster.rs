@@ -263,3 +263,82 @@ fn a_seed_down_at_build_and_a_cluster_that_is_down() {
     let err = fresh.lock("c").unwrap_err();
     assert!(err.is_connection(), "{err}");
 }
+
+/// The channels with a subscriber on node `i` (of any client of [`NAMESPACE`]).
+fn channels_on(set: &ClusterSet, i: usize) -> HashSet<String> {
+    let mut con = set.connection(i);
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{NAMESPACE}:released:*"))
+        .query(&mut con)
+        .unwrap()
+}
+
+#[test]
+fn a_waiter_is_woken_when_the_node_of_its_subscription_freezes() {
+    // Without replicas, and with the rest of the cluster serving on when one master fails.
+    let set = ClusterSet::start_with(3, 0, &["--cluster-require-full-coverage", "no"]);
+    let holder = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // Once the holder's client has subscribed, the next channel to appear is the waiter's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..3).all(|i| channels_on(&set, i).is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "the holder's client never subscribed"
+        );
+        thread::sleep(ms(20));
+    }
+    let before: Vec<HashSet<String>> = (0..3).map(|i| channels_on(&set, i)).collect();
+    let waiter = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .lease(Duration::from_secs(30))
+        .connection_timeout(ms(500))
+        .build()
+        .unwrap();
+    // The node the waiter's client subscribed on: where a new channel appears.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sub = loop {
+        if let Some(i) = (0..3).find(|i| channels_on(&set, *i).len() > before[*i].len()) {
+            break i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's client never subscribed"
+        );
+        thread::sleep(ms(20));
+    };
+    // A key served by another master, held by the other client.
+    let key = (0..1000)
+        .map(|n| format!("w{n}"))
+        .find(|k| set.master_of_slot(ClusterSet::slot_of(&lock_key(k))) != set.port_of(sub))
+        .unwrap();
+    let guard = holder.lock(&key).unwrap();
+    let blocked = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        thread::spawn(move || {
+            let got = waiter.try_lock(&key, Duration::from_secs(20)).unwrap();
+            (Instant::now(), got.map(|g| g.token()))
+        })
+    };
+    // The waiter attempted, found the lock held, and waits for its wake-up; without one it
+    // would attempt again 5 s after that attempt (the longest a waiter trusts a holder's lease).
+    thread::sleep(ms(200));
+    set.pause(sub);
+    thread::sleep(ms(100));
+    let released = Instant::now();
+    let first = guard.token();
+    guard.unlock().unwrap();
+    let (at, token) = blocked.join().unwrap();
+    set.resume(sub);
+    let token = token.expect("the waiter never got the lock");
+    assert!(token > first);
+    // Its subscription moved to a live node (a missed heartbeat: about 2 s) and it attempted
+    // again: before the 5 s re-attempt (about 4.7 s after the release), let alone the lease.
+    let waited = at - released;
+    assert!(waited < ms(3800), "woken after {waited:?}");
+    eprintln!("woken {waited:?} after the release, its subscription's node frozen");
+}

@@ -44,6 +44,9 @@
 //!   unlock from one thread, and T threads with S and W; each against its own system's round trip.
 //!   Also the pieces of fencelock's cross-process handoff, and a CDF of both handoffs written to
 //!   `docs/benchmarks-pg-handoff.svg`;
+//! - `cluster`: the pool's lock + unlock rate on a Redis Cluster of 1, 2 and 3 masters beside
+//!   the `EVALSHA` rate of the same cluster, the CPU per job of the client and the nodes, and
+//!   handoffs to another client with what each node spends per handoff's `PUBLISH`;
 //! - `tls` (with `--features tls`): a new connection (connect, TLS handshake, PING) and
 //!   uncontended `lock` + `unlock` (U iterations) over TLS, each beside the same on the plain port
 //!   of one redis-server.
@@ -86,9 +89,10 @@
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
 //! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
-//!   `idle`, `pg`, `tls`, and `baseline` (the hand-written lock they compare with).
+//!   `idle`, `pg`, `sentinel`, `cluster`, `tls`, and `baseline` (the hand-written lock they compare with).
 
 mod baseline;
+mod cluster;
 mod contention;
 mod handoff;
 mod idle;
@@ -197,6 +201,9 @@ fn main() {
     }
     if p.selected("sentinel") {
         sentinel::run(&p, &mut r);
+    }
+    if p.selected("cluster") {
+        cluster::run(&p, &mut r);
     }
     if p.selected("tls") {
         #[cfg(feature = "tls")]

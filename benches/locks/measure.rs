@@ -139,7 +139,7 @@ pub fn tasks(pid: u32) -> Vec<(u32, String)> {
 }
 
 /// CPU time of all live threads of `pid` (threads that exited are not counted).
-fn process_cpu(pid: u32) -> Duration {
+pub fn process_cpu(pid: u32) -> Duration {
     tasks(pid).iter().map(|(tid, _)| task_cpu(pid, *tid)).sum()
 }
 
@@ -148,7 +148,7 @@ pub fn self_pid() -> u32 {
 }
 
 /// CPU time of this whole process so far, exited threads included.
-fn self_cpu() -> Duration {
+pub fn self_cpu() -> Duration {
     // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes one `rusage` through a pointer to a live, writable one.

@@ -9,6 +9,7 @@ use fencelock::{Builder, LockClient};
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+pub use support::cluster;
 pub use support::sentinel;
 #[cfg(feature = "tls")]
 pub use support::tls;
