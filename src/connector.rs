@@ -83,7 +83,11 @@ impl Connector {
             Kind::Sentinel(spec) => {
                 Shape::Sentinel(sentinel::Sentinel::open(&spec, tls, connection_timeout)?)
             }
-            Kind::Cluster(spec) => Shape::Cluster(Box::new(cluster::Cluster::open(&spec, tls)?)),
+            Kind::Cluster(spec) => Shape::Cluster(Box::new(cluster::Cluster::open(
+                &spec,
+                tls,
+                connection_timeout,
+            )?)),
         };
         Ok(Connector { shape })
     }

@@ -9,16 +9,19 @@
 //! |---|---|---|
 //! | `MOVED slot addr` | the slot is served by `addr` now | the map is told, the call goes again to `addr` |
 //! | `ASK slot addr` | a migration under way: the keys are being moved to `addr` | this call alone goes to `addr`, behind an `ASKING` |
-//! | `TRYAGAIN` | a migration split the call's keys between two nodes | after a pause (10 ms, doubling, at most 100 ms) |
+//! | `TRYAGAIN` | a slot mid-migration, and the call's keys not all on one of its two nodes | after a pause (10 ms, doubling, at most 100 ms) |
 //! | `CLUSTERDOWN` | the cluster is electing a master, or lost one | after a pause, with the map asked for again |
 //! | a broken connection, or none | the master died | after a pause, with the map asked for again: a replica may have taken over |
 //!
-//! Sending a call again is safe for every script: acquire is idempotent for its owner id,
-//! extend and release compare the owner before they change anything, and a refused call did
-//! not run. A call that may have run before its connection broke goes again marked
-//! [`Run::Retry`], as within one pool. Redirects stop at the caller's deadline, or without one
-//! after the connection timeout, and after [`MAX_REDIRECTS`].
+//! A redirect means the call did not run, so following it is safe for any call. Sending a call
+//! again after its connection broke is safe for the lock scripts (acquire is idempotent for its
+//! owner id, extend and release compare the owner before they change anything), and such a call
+//! goes again marked [`Run::Retry`], as within one pool; a call that must not run twice (a fenced
+//! write, a forced release) is not sent again then. Pauses stop at the caller's deadline, or
+//! without one after the connection timeout; `MOVED` and `ASK` are followed at most
+//! [`MAX_REDIRECTS`] times.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -29,7 +32,7 @@ use crate::connector::{Connector, Node, Redirect};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, Run};
 
-/// The most times one call is sent in all, redirects and pauses included.
+/// The most `MOVED` and `ASK` redirects one call follows.
 const MAX_REDIRECTS: u32 = 32;
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_millis(100);
@@ -103,8 +106,10 @@ impl Pools {
         deadline: Option<Instant>,
         mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.routed(key, deadline, |pool, asking, run| {
+        let ran = Cell::new(false);
+        self.routed(key, deadline, Repeat::IfSafe, &ran, |pool, asking, run| {
             pool.run_as(run, deadline, |con, run| {
+                ran.set(ran.get() || run == Run::Retry);
                 ask(con, asking)?;
                 f(con, run)
             })
@@ -112,13 +117,15 @@ impl Pools {
     }
 
     /// [`Pool::run_once`] on the pool that serves `key`. A redirect means the call did not
-    /// run, so it goes again where the redirect says.
+    /// run, so it goes again where the redirect says; nothing else sends it again (a call whose
+    /// connection broke may have run).
     pub(crate) fn run_once<T>(
         &self,
         key: &str,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.routed(key, None, |pool, asking, _| {
+        let ran = Cell::new(false);
+        self.routed(key, None, Repeat::Never, &ran, |pool, asking, _| {
             pool.run_once(|con| {
                 ask(con, asking)?;
                 f(con)
@@ -136,23 +143,32 @@ impl Pools {
         mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut first = Some((packed, reply));
-        self.routed(key, None, |pool, asking, run| match first.take() {
-            Some((packed, reply)) if !asking && run == Run::First => {
-                pool.run_combined(packed, reply, &mut f)
-            }
-            _ => pool.run_as(run, None, |con, run| {
+        let ran = Cell::new(false);
+        self.routed(key, None, Repeat::IfSafe, &ran, |pool, asking, run| {
+            let mut f = |con: &mut redis::Connection, run: Run| {
+                ran.set(ran.get() || run == Run::Retry);
                 ask(con, asking)?;
                 f(con, run)
-            }),
+            };
+            match first.take() {
+                Some((packed, reply)) if !asking && run == Run::First => {
+                    pool.run_combined(packed, reply, &mut f)
+                }
+                _ => pool.run_as(run, None, f),
+            }
         })
     }
 
     /// Runs `attempt` on the pool that serves `key` (with whether to send `ASKING` first, and
-    /// which run it is), and again wherever a redirect sends it: see the module docs.
+    /// which run it is), and again wherever a redirect sends it: see the module docs. `ran` is
+    /// set by the attempts when a run may have taken effect, so that the next node gets the call
+    /// as a retry.
     fn routed<T>(
         &self,
         key: &str,
         deadline: Option<Instant>,
+        repeat: Repeat,
+        ran: &Cell<bool>,
         mut attempt: impl FnMut(&Pool, bool, Run) -> Result<T>,
     ) -> Result<T> {
         if !self.connector.routes() {
@@ -161,8 +177,7 @@ impl Pools {
         let give_up = deadline.unwrap_or_else(|| Instant::now() + self.connection_timeout);
         let mut asking = None;
         let mut pause = FIRST_PAUSE;
-        let mut run = Run::First;
-        let mut sent = 0;
+        let mut redirects = 0;
         loop {
             let (node, ask) = match asking.take() {
                 Some(node) => (node, true),
@@ -172,38 +187,57 @@ impl Pools {
                     false,
                 ),
             };
+            let run = if ran.get() { Run::Retry } else { Run::First };
             let result = attempt(&self.pool(node), ask, run);
-            sent += 1;
             let Err(error) = &result else {
                 return result;
             };
             let redirect = redis_error(error).and_then(|e| self.connector.redirect(e));
             let left = give_up.saturating_duration_since(Instant::now());
-            if sent >= MAX_REDIRECTS
-                || (left.is_zero()
-                    && !matches!(redirect, Some(Redirect::Moved(_)) | Some(Redirect::Ask(_))))
-            {
-                return result.map_err(down);
-            }
             match redirect {
-                Some(Redirect::Moved(_)) => {}
-                Some(Redirect::Ask(node)) => asking = Some(node),
-                Some(Redirect::Later) => {
+                // Sent on at once, a bounded number of times (a migration's ASK, NOSCRIPT and
+                // MOVED take a few).
+                Some(Redirect::Moved(_)) | Some(Redirect::Ask(_)) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    if let Some(Redirect::Ask(node)) = redirect {
+                        asking = Some(node);
+                    }
+                }
+                // TRYAGAIN (a slot mid-migration: the importing node refuses a script unless
+                // every key it names is there) and CLUSTERDOWN last as long as they last: again
+                // after a pause, until the caller's time is up.
+                Some(Redirect::Later) if !left.is_zero() => {
+                    std::thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    // Mid-migration, the source sends on (ASK) and the target says TRYAGAIN
+                    // until every key of the call is there: bounded by time, not by count.
+                    redirects = 0;
+                }
+                // The master may have died: after a pause, the map is asked for again, and names
+                // its replica once that has taken over. The call may have reached the dead
+                // master before its connection broke: only a call that is safe to repeat goes.
+                None if repeat == Repeat::IfSafe
+                    && matches!(error, Error::Connection(_))
+                    && self.connector.failed_since_map(node)
+                    && !left.is_zero() =>
+                {
+                    ran.set(true);
                     std::thread::sleep(pause.min(left));
                     pause = (pause * 2).min(MAX_PAUSE);
                 }
-                None if error.is_connection() && self.connector.failed_since_map(node) => {
-                    // The master may have died: after a pause, the map is asked for again, and
-                    // names its replica once that has taken over. The call may have reached
-                    // the dead master before its connection broke.
-                    run = Run::Retry;
-                    std::thread::sleep(pause.min(left));
-                    pause = (pause * 2).min(MAX_PAUSE);
-                }
-                None => return result,
+                _ => return result.map_err(down),
             }
         }
     }
+}
+
+/// Whether a call may be sent again after its connection broke under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    /// Yes: running it twice does what running it once does (the lock scripts).
+    IfSafe,
+    /// No: only after a redirect, which means it did not run (a fenced write, a forced release).
+    Never,
 }
 
 /// Sends `ASKING` first, when the call follows an `ASK` redirect: the node importing the slot
@@ -225,17 +259,25 @@ fn redis_error(error: &Error) -> Option<&redis::RedisError> {
     }
 }
 
-/// A `CLUSTERDOWN` that outlasted the redirects is the cluster being unavailable: a connection
-/// error, as a server that does not answer is.
+/// A `CLUSTERDOWN` or `TRYAGAIN` that outlasted the caller's time is the slot being unavailable:
+/// a connection error, as a server that does not answer is.
 fn down(error: Error) -> Error {
-    match &error {
-        Error::Redis(e)
-            if e.downcast_ref::<redis::RedisError>().is_some_and(|e| {
-                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
-            }) =>
-        {
-            Error::Connection(format!("the cluster is down: {e}").into())
+    use redis::{ErrorKind, ServerErrorKind};
+    let kind = match &error {
+        Error::Redis(e) => e.downcast_ref::<redis::RedisError>().map(|e| e.kind()),
+        _ => None,
+    };
+    match kind {
+        Some(ErrorKind::Server(ServerErrorKind::ClusterDown)) => {
+            Error::Connection(format!("the cluster is down: {error}").into())
         }
+        Some(ErrorKind::Server(ServerErrorKind::TryAgain)) => Error::Connection(
+            format!(
+                "the key's slot is being migrated, and the call could not run on either node \
+                 in time: {error}"
+            )
+            .into(),
+        ),
         _ => error,
     }
 }

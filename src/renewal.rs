@@ -309,24 +309,48 @@ impl Renewer {
         }
         let (now, first) = (Instant::now(), Arc::clone(&batch[0]));
         let mut renewed = 0;
-        let replies = replies.into_iter().map(|reply| match reply {
-            Some(Ok(reply)) => match scripts::extended(reply) {
-                // Re-armed on the master only: a failover now would bring back the lease as it
-                // was, so the deadline stays where the last acknowledged renewal put it.
-                Ok(true) if short.is_some() => Reply::Unknown,
-                reply => Reply::from(&reply),
-            },
-            // A cluster node that no longer serves the key (or not yet, or not now): refused
-            // unrun, and sent again where the map says once it learnt from the reply.
-            Some(Err(e)) if self.connector.redirect(&e).is_some() => Reply::Unknown,
-            Some(Err(e)) => Reply::Refused(e.to_string()),
-            // A signal interrupted the read of it.
-            None => Reply::Unknown,
-        });
+        // Extends a cluster node sent on with ASK (their keys moved to a node importing the
+        // slot): sent there at once, behind an ASKING, since the map will not name that node
+        // until the migration ends.
+        let mut asked = Vec::new();
+        let sent_on: Vec<(Arc<Grant>, Duration)> = if self.connector.routes() {
+            batch.iter().cloned().zip(leases.iter().copied()).collect()
+        } else {
+            Vec::new()
+        };
+        let replies = replies
+            .into_iter()
+            .enumerate()
+            .map(|(i, reply)| match reply {
+                Some(Ok(reply)) => match scripts::extended(reply) {
+                    // Re-armed on the master only: a failover now would bring back the lease as it
+                    // was, so the deadline stays where the last acknowledged renewal put it.
+                    Ok(true) if short.is_some() => Reply::Unknown,
+                    reply => Reply::from(&reply),
+                },
+                // A cluster node that does not serve the key (no longer, not yet, or not now):
+                // refused unrun, and sent again where the map says once it learnt from the reply.
+                Some(Err(e)) => match self.connector.redirect(&e) {
+                    Some(Redirect::Ask(_)) => {
+                        asked.push(i);
+                        Reply::Unknown
+                    }
+                    Some(_) => Reply::Unknown,
+                    None => Reply::Refused(e.to_string()),
+                },
+                // A signal interrupted the read of it.
+                None => Reply::Unknown,
+            });
         let replies =
             replies.inspect(|reply| renewed += u64::from(matches!(reply, Reply::Extended)));
         report(self.schedule.settle(batch, leases, replies, sent, now));
         metrics::renewed(&first.keys, now - sent, renewed);
+        for i in asked {
+            let (grant, lease) = &sent_on[i];
+            if let Err(e) = self.extend_one(grant, *lease) {
+                log::debug!("fencelock: renewing a lease on a migrating slot failed: {e}");
+            }
+        }
     }
 
     /// Splits the reply of the trailing `WAIT` off a pipeline's replies, when replica
@@ -374,6 +398,9 @@ impl Renewer {
             reply = self.extend_once(grant, lease, asking);
         }
         let outcome = match &reply {
+            // Still redirected after the tries above (a CLUSTERDOWN that lasts, say): the lease
+            // stands unconfirmed, as after a broken connection.
+            Err(e) if self.connector.redirect(e).is_some() => Reply::Unknown,
             Err(e) if e.is_io_error() || self.connector.not_master(e) => {
                 if !wire::interrupted(e) {
                     let node = self.connector.node_of(&grant.keys);

@@ -337,7 +337,6 @@ impl ClusterSpec {
                     ))
                 }
             }
-            crate::connector::check(url)?;
         }
         if self
             .seeds
@@ -347,6 +346,9 @@ impl ClusterSpec {
             return wrong(
                 "some seed URLs are rediss:// and some are not: TLS is all or nothing".into(),
             );
+        }
+        for url in &self.seeds {
+            crate::connector::check(url)?;
         }
         Ok(())
     }

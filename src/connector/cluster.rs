@@ -51,6 +51,9 @@ pub(crate) struct Cluster {
     refreshing: Mutex<()>,
     /// Ask for the map again before the next call.
     suspect: AtomicBool,
+    /// The client's connection timeout: a connection given less (by a caller's deadline) that
+    /// times out says nothing about the node.
+    connection_timeout: Duration,
 }
 
 struct Map {
@@ -79,7 +82,11 @@ struct Entry {
 
 impl Cluster {
     /// Parses and checks the seeds; connects to nothing.
-    pub(crate) fn open(spec: &ClusterSpec, tls: &TlsSettings) -> Result<Cluster> {
+    pub(crate) fn open(
+        spec: &ClusterSpec,
+        tls: &TlsSettings,
+        connection_timeout: Duration,
+    ) -> Result<Cluster> {
         let mut seed_clients = Vec::with_capacity(spec.seeds.len());
         for url in &spec.seeds {
             seed_clients.push(super::client(url, tls)?);
@@ -132,6 +139,7 @@ impl Cluster {
             map: RwLock::new(map),
             refreshing: Mutex::new(()),
             suspect: AtomicBool::new(false),
+            connection_timeout,
         })
     }
 
@@ -166,12 +174,14 @@ impl Cluster {
         connection_timeout: Duration,
         deadline: Option<Instant>,
     ) -> Result<Node> {
-        let (loaded, due) = {
+        let (loaded, due, served) = {
             let map = self.read();
             let due = map.refreshed.is_none_or(|at| at.elapsed() >= REFRESH_GAP);
-            (map.loaded, due)
+            (map.loaded, due, map.slots[usize::from(slot)] != NO_NODE)
         };
-        if !loaded || (due && self.suspect.load(Ordering::Relaxed)) {
+        // A slot no master served when the map was read may be served now (a cluster still
+        // being set up, a master added back).
+        if !loaded || (due && (!served || self.suspect.load(Ordering::Relaxed))) {
             if let Err(e) = self.refresh(connection_timeout, deadline) {
                 if !self.read().loaded {
                     return Err(e);
@@ -317,12 +327,15 @@ impl Cluster {
                 }
             }
         }
+        // A map with slots no master serves stays suspect: asked for again before the renewal
+        // thread's next round.
+        self.suspect
+            .store(slots.contains(&NO_NODE), Ordering::Relaxed);
         map.slots = slots;
         map.masters = masters;
         map.replicas = replicas;
         map.loaded = true;
         map.refreshed = Some(Instant::now());
-        self.suspect.store(false, Ordering::Relaxed);
     }
 
     /// A `MOVED slot addr` reply: the slot is `addr`'s now, and the rest of the map may have
@@ -395,7 +408,8 @@ impl Cluster {
             }
         };
         let made = super::open(&client, connect_timeout, response_timeout);
-        if made.is_err() {
+        let cut = |e: &RedisError| e.is_timeout() && connect_timeout < self.connection_timeout;
+        if made.as_ref().is_err_and(|e| !cut(e)) {
             if let Some(entry) = self.write().nodes.get_mut(node.0 as usize) {
                 entry.failed = Some(Instant::now());
             }

@@ -1,0 +1,445 @@
+//! Redis Cluster under faults that lose replies, hide slots, move keys mid-migration and take
+//! the cluster down for a moment: calls that must not run twice run once, leases keep renewing,
+//! and the map heals. Real cluster nodes only; the `control_*` test shows the same fault on one
+//! server.
+
+mod support;
+
+use std::io::Write as _;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fencelock::{FencedRedis, LockClient, Topology};
+use redis::ConnectionLike as _;
+use support::cluster::ClusterSet;
+use support::ms;
+
+const NAMESPACE: &str = "faults";
+
+fn lock_key(key: &str) -> String {
+    format!("{NAMESPACE}:lock:{{{key}}}")
+}
+
+/// The id of the one connection on node `i` whose last command was `cmd` (lower case).
+fn client_id_with_cmd(set: &ClusterSet, i: usize, cmd: &str) -> u64 {
+    let mut con = set.connection(i);
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+    let ids: Vec<u64> = list
+        .lines()
+        .filter(|l| l.split(' ').any(|f| f == format!("cmd={cmd}")))
+        .map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    if ids.len() != 1 {
+        for j in set.live_nodes() {
+            let mut c = set.connection(j);
+            let l: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
+            println!("node {j}:\n{l}");
+        }
+    }
+    assert_eq!(ids.len(), 1, "connections with cmd={cmd} on node {i}: {list}");
+    ids[0]
+}
+
+/// Writes `CLIENT KILL ID <id>` on `con` without reading the reply (its node may be frozen).
+fn send_kill(con: &mut redis::Connection, id: u64) {
+    let packed = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .get_packed_command();
+    con.send_packed_command(&packed).unwrap();
+}
+
+/// A fenced write goes out by `run_once`: never sent twice (fenced.rs: "an increment must not be
+/// applied twice"). On a cluster, `Pools::routed` sends it again after a broken connection when
+/// the node "failed since the map" (which the break itself records), so an increment whose
+/// reply was lost is applied twice, and the caller is told the doubled value as a success.
+///
+/// How the reply is lost: the master is frozen while the increment sits in its socket, then a
+/// `CLIENT KILL` of that connection is queued behind it; on SIGCONT the master runs the
+/// increment, then kills the connection before the reply goes out.
+#[test]
+fn a_fenced_increment_whose_reply_was_lost_is_not_applied_twice() {
+    let set = ClusterSet::start(3, 0);
+    let locks = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .build()
+        .unwrap();
+    let store = FencedRedis::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .pool_size(1)
+        .response_timeout(ms(10_000))
+        .build()
+        .unwrap();
+    // The token comes from a lock on another master than the resources: the resource's master
+    // then has one connection that ran EVALSHA, the store's.
+    let guard = locks.lock("tok").unwrap();
+    let token = guard.token();
+    let tok_master = set.master_of_slot(ClusterSet::slot_of(&lock_key("tok")));
+    let resources: Vec<String> = (0..)
+        .map(|i| format!("counter{i}"))
+        .filter(|r| {
+            set.master_of_slot(ClusterSet::slot_of(&format!("{NAMESPACE}:data:{{{r}}}")))
+                != tok_master
+        })
+        .take(5)
+        .collect();
+    let mut outcomes = Vec::new();
+    for (round, resource) in resources.iter().enumerate() {
+        let resource = resource.clone();
+        // Loads the script on the master, and leaves the pool's one connection to it idle.
+        assert_eq!(store.incr_by(&resource, token, 0).unwrap(), 0);
+        let master = set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&format!(
+            "{NAMESPACE}:data:{{{resource}}}"
+        ))));
+        let id = client_id_with_cmd(&set, master, "evalsha");
+        let mut killer = set.connection(master);
+        set.pause(master);
+        let writer = {
+            let store = store.clone();
+            let resource = resource.clone();
+            thread::spawn(move || store.incr_by(&resource, token, 1))
+        };
+        thread::sleep(ms(300));
+        send_kill(&mut killer, id);
+        thread::sleep(ms(100));
+        set.resume(master);
+        let result = writer.join().unwrap();
+        let stored = store.get_i64(&resource).unwrap();
+        println!("round {round}: incr_by(+1) returned {result:?}; stored value {stored:?}");
+        outcomes.push((result.ok(), stored));
+        let _ = killer.req_packed_command(&redis::cmd("PING").get_packed_command());
+    }
+    drop(guard);
+    let doubled = outcomes.iter().filter(|(_, s)| *s == Some(2)).count();
+    assert_eq!(
+        doubled, 0,
+        "one increment of +1 was applied twice in {doubled} of {} rounds: {outcomes:?}",
+        outcomes.len()
+    );
+    let _ = std::io::stdout().flush();
+}
+
+/// Control for the test above: the same lost reply on one server is reported as a connection
+/// error, and the increment applied once (`Pool::run_once` does not send it again).
+#[test]
+fn control_on_one_server_a_lost_increment_reply_is_an_error_applied_once() {
+    let server = support::RedisServer::start();
+    let store = FencedRedis::builder(server.url())
+        .namespace(NAMESPACE)
+        .pool_size(1)
+        .response_timeout(ms(10_000))
+        .build()
+        .unwrap();
+    let token = fencelock::FencingToken::from(1u64);
+    assert_eq!(store.incr_by("c", token, 0).unwrap(), 0);
+    let mut probe = server.connection();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut probe).unwrap();
+    let id: u64 = list
+        .lines()
+        .find(|l| l.contains("cmd=evalsha"))
+        .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .unwrap()
+        .parse()
+        .unwrap();
+    server.pause();
+    let writer = {
+        let store = store.clone();
+        thread::spawn(move || store.incr_by("c", token, 1))
+    };
+    thread::sleep(ms(300));
+    send_kill(&mut probe, id);
+    thread::sleep(ms(100));
+    server.resume();
+    let result = writer.join().unwrap();
+    let stored = store.get_i64("c").unwrap();
+    println!("one server: incr_by(+1) returned {result:?}; stored value {stored:?}");
+    assert!(result.is_err(), "{result:?}");
+    assert_eq!(stored, Some(1));
+}
+
+fn cluster_client(set: &ClusterSet, lease_ms: u64) -> LockClient {
+    LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .lease(ms(lease_ms))
+        .build()
+        .unwrap()
+}
+
+fn evalsha_ids(set: &ClusterSet, i: usize) -> Vec<u64> {
+    let mut con = set.connection(i);
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+    list.lines()
+        .filter(|l| l.split(' ').any(|f| f == "cmd=evalsha"))
+        .map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// `force_unlock` runs once (client.rs: "a second run would take the lock from the waiter the
+/// first one handed it to"). On a cluster, a lost reply makes `Pools::routed` run it again: the
+/// first run hands the lock to waiter 1, the second takes it from waiter 1 and hands it to
+/// waiter 2, and both hold guards with `is_held()` true at once.
+#[test]
+fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
+    let set = ClusterSet::start(3, 0);
+    let key = "forced";
+    let master = set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&lock_key(key))));
+    let (holder, w1, w2) = (
+        cluster_client(&set, 30_000),
+        cluster_client(&set, 30_000),
+        cluster_client(&set, 30_000),
+    );
+    let forcer = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .pool_size(1)
+        .response_timeout(ms(10_000))
+        .build()
+        .unwrap();
+    // Loads the release script on the key's master (a NOSCRIPT would make the first run a no-op).
+    let preload = (0..)
+        .map(|i| format!("pre{i}"))
+        .find(|k| set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&lock_key(k)))) == master)
+        .unwrap();
+    holder.lock(&preload).unwrap().unlock().unwrap();
+    let held = holder.lock(key).unwrap();
+    let mut probe = set.connection(master);
+    let queue_len = |con: &mut redis::Connection| -> u64 {
+        redis::cmd("LLEN")
+            .arg(format!("{NAMESPACE}:queue:{{{key}}}"))
+            .query(con)
+            .unwrap()
+    };
+    let first = thread::spawn(move || {
+        let got = w1.try_lock(key, ms(8000));
+        let at = Instant::now();
+        // How long waiter 1 goes on believing it holds the lock.
+        let lost = got.as_ref().ok().and_then(|g| g.as_ref()).map(|g| {
+            let _ = g.lost().recv_timeout(ms(10_000));
+            Instant::now()
+        });
+        println!("waiter 1 held from {at:?} until {lost:?}");
+        got.map(|g| (w1, g, at, lost))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue_len(&mut probe) < 1 {
+        assert!(Instant::now() < deadline, "waiter 1 never queued");
+        thread::sleep(ms(5));
+    }
+    let second = thread::spawn(move || {
+        let got = w2.try_lock(key, ms(8000));
+        let at = Instant::now();
+        println!("waiter 2 held from {at:?} (is_held {:?})", got.as_ref().ok().and_then(|g| g.as_ref()).map(|g| g.is_held()));
+        got.map(|g| (w2, g, at))
+    });
+    while queue_len(&mut probe) < 2 {
+        assert!(Instant::now() < deadline, "waiter 2 never queued");
+        thread::sleep(ms(5));
+    }
+    let before = evalsha_ids(&set, master);
+    // The forcer's one pooled connection to the key's master: the new EVALSHA connection.
+    forcer.status(key).unwrap();
+    let ids: Vec<u64> = evalsha_ids(&set, master)
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let stats = |con: &mut redis::Connection| -> String {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+        info.lines().filter(|l| l.contains("evalsha")).collect()
+    };
+    println!("before: {}", stats(&mut probe));
+    let monitor = {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", set.port_of(master))).unwrap();
+        let mut con = client.get_connection().unwrap();
+        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command()).unwrap();
+        let _ = con.recv_response();
+        con.set_read_timeout(Some(ms(3000))).unwrap();
+        thread::spawn(move || {
+            let mut seen = Vec::new();
+            while let Ok(v) = con.recv_response() {
+                let line = format!("{v:?}");
+                let line: String = line.chars().take(160).collect();
+                seen.push(line);
+            }
+            seen
+        })
+    };
+    let paused_at = Instant::now();
+    set.pause(master);
+    let forced = {
+        let forcer = forcer.clone();
+        thread::spawn(move || {
+            let r = forcer.force_unlock(key);
+            println!("force_unlock done after {:?}", paused_at.elapsed());
+            r
+        })
+    };
+    thread::sleep(ms(300));
+    send_kill(&mut probe, ids[0]);
+    thread::sleep(ms(100));
+    set.resume(master);
+    println!("force_unlock returned {:?}", forced.join().unwrap());
+    println!("CLIENT KILL: {:?}", probe.recv_response());
+    println!("after: {}", stats(&mut probe));
+    for line in monitor.join().unwrap() {
+        println!("MONITOR {line}");
+    }
+    let r1 = first.join().unwrap();
+    let r2 = second.join().unwrap();
+    // Run once: the release handed the lock to waiter 1, and nothing handed it on to waiter 2
+    // while waiter 1 holds it (a second run would have: two holders at once).
+    let (_w1, g1, _, lost1) = r1.unwrap();
+    let g1 = g1.expect("waiter 1 was never handed the lock");
+    let (_w2, g2, _) = r2.unwrap();
+    assert!(
+        g2.is_none(),
+        "the forced release ran twice: waiter 2 was granted the lock too (waiter 1 lost it at \
+         {lost1:?})"
+    );
+    assert!(g1.is_held(), "waiter 1 lost the lock it was handed");
+    assert!(held.lost().try_recv().is_ok() || !held.is_held());
+}
+
+fn cluster_cmd(set: &ClusterSet, i: usize, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut cmd = redis::cmd("CLUSTER");
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut set.connection(i))
+}
+
+/// A map with a hole (a slot no master served when it was asked for) is never asked for again:
+/// `Cluster::route` answers "no master serves hash slot" from the map without marking it
+/// suspect, and nothing else does while the client only uses that slot. Once the slot is served
+/// again, calls must succeed.
+#[test]
+fn a_slot_unserved_when_the_map_was_read_is_found_once_served_again() {
+    let set = ClusterSet::start(3, 0);
+    let key = "hole";
+    let slot = ClusterSet::slot_of(&lock_key(key));
+    let owner = set.index_of_port(set.master_of_slot(slot));
+    let slot_text = slot.to_string();
+    // Every node forgets who serves the slot (as during a cluster's set-up, or from a node
+    // with a partial view).
+    for i in set.live_nodes() {
+        let _ = cluster_cmd(&set, i, &["DELSLOTS", &slot_text]);
+    }
+    let client = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .connection_timeout(ms(1000))
+        .response_timeout(ms(1000))
+        .build()
+        .unwrap();
+    let first = client.try_lock(key, ms(200)).map(|g| g.map(|g| g.token()));
+    println!("while unserved: {first:?}");
+    assert!(first.is_err());
+    // The slot is served again; the cluster agrees.
+    cluster_cmd(&set, owner, &["ADDSLOTS", &slot_text]).unwrap();
+    set.wait_ok(Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut tries = 0;
+    let last = loop {
+        tries += 1;
+        let r = client.try_lock(key, ms(200)).map(|g| g.map(|g| g.token()));
+        if r.is_ok() || Instant::now() >= deadline {
+            break r;
+        }
+        thread::sleep(ms(100));
+    };
+    println!("after the slot is served again: {tries} tries over 10 s, last {last:?}");
+    // Another client built now finds the slot at once.
+    let fresh = cluster_client(&set, 30_000);
+    println!("a fresh client: {:?}", fresh.try_lock(key, ms(200)).map(|g| g.map(|g| g.token())));
+    assert!(last.is_ok(), "still refused after 10 s: {last:?}");
+}
+
+
+/// The renewal thread files an extend answered `ASK` as unconfirmed and sends it again "on the
+/// node the map names then" (design.md); but `ASK` never changes the map, so while a slot stays
+/// mid-migration with the lock's keys already on the target (every call to them is `ASK`ed),
+/// no renewal is ever confirmed and the lock is lost after one lease, though its key is there
+/// and ours. Migrating a big slot key by key keeps that state for a long time.
+#[test]
+fn a_lock_whose_keys_moved_mid_migration_keeps_renewing() {
+    let set = ClusterSet::start(3, 0);
+    let key = "asked";
+    let slot = ClusterSet::slot_of(&lock_key(key));
+    let source = set.master_of_slot(slot);
+    let target = *set.master_ports().iter().find(|&&p| p != source).unwrap();
+    let client = cluster_client(&set, 1500);
+    let guard = client.lock(key).unwrap();
+    set.begin_migration(slot, target);
+    set.migrate_rest(slot);
+    let started = Instant::now();
+    let lost = guard.lost().recv_timeout(ms(4500)).is_ok();
+    let mut con = set.connection(set.index_of_port(target));
+    let (pttl,): (i64,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("PTTL")
+        .arg(lock_key(key))
+        .query(&mut con)
+        .unwrap();
+    println!(
+        "held through {:?} of the ASK window: {}; the lock key's pttl on the target {pttl}",
+        started.elapsed(),
+        !lost
+    );
+    // An explicit extend follows ASK (and works).
+    let other = client.lock("asked2");
+    drop(other);
+    assert!(!lost, "a lock held through a migration's ASK window was lost");
+}
+
+/// `LockGuard::extend` follows a `CLUSTERDOWN` by sleeping 10 ms, at most 16 times; then the
+/// reply is filed as a refusal and the lock is marked lost (renewal.rs `extend_one`). A cluster
+/// is down for every key whenever any slot is unserved (the default full coverage), e.g. from a
+/// master's failure until its replica takes over (about a second): an explicit extend in that
+/// window loses a lock that is still ours in Redis with most of its lease left.
+#[test]
+fn an_explicit_extend_in_a_brief_clusterdown_does_not_lose_the_lock() {
+    let set = ClusterSet::start(3, 0);
+    let client = cluster_client(&set, 30_000);
+    let guard = client.lock("held").unwrap();
+    // Another slot than the lock's goes unserved: the whole cluster says CLUSTERDOWN.
+    let held_slot = ClusterSet::slot_of(&lock_key("held"));
+    let other = (held_slot + 1000) % 16384;
+    let owner = set.index_of_port(set.master_of_slot(other));
+    for i in set.live_nodes() {
+        let _ = cluster_cmd(&set, i, &["DELSLOTS", &other.to_string()]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut set.connection(0)).unwrap();
+        if info.contains("cluster_state:fail") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster never went down");
+        thread::sleep(ms(10));
+    }
+    let started = Instant::now();
+    let extended = guard.extend(ms(30_000));
+    println!(
+        "extend while the cluster is down: {extended:?} after {:?}; is_held {}",
+        started.elapsed(),
+        guard.is_held()
+    );
+    cluster_cmd(&set, owner, &["ADDSLOTS", &other.to_string()]).unwrap();
+    set.wait_ok(Duration::from_secs(20));
+    let mut con = set.connection(set.index_of_port(set.master_of_slot(held_slot)));
+    let pttl: i64 = redis::cmd("PTTL").arg(lock_key("held")).query(&mut con).unwrap();
+    println!("after the cluster is back: is_held {}, lock pttl in redis {pttl}", guard.is_held());
+    assert!(guard.is_held(), "a lock with {pttl} ms left in redis was marked lost");
+}
