@@ -42,7 +42,11 @@ fn client_id_with_cmd(set: &ClusterSet, i: usize, cmd: &str) -> u64 {
             println!("node {j}:\n{l}");
         }
     }
-    assert_eq!(ids.len(), 1, "connections with cmd={cmd} on node {i}: {list}");
+    assert_eq!(
+        ids.len(),
+        1,
+        "connections with cmd={cmd} on node {i}: {list}"
+    );
     ids[0]
 }
 
@@ -56,10 +60,9 @@ fn send_kill(con: &mut redis::Connection, id: u64) {
     con.send_packed_command(&packed).unwrap();
 }
 
-/// A fenced write goes out by `run_once`: never sent twice (fenced.rs: "an increment must not be
-/// applied twice"). On a cluster, `Pools::routed` sends it again after a broken connection when
-/// the node "failed since the map" (which the break itself records), so an increment whose
-/// reply was lost is applied twice, and the caller is told the doubled value as a success.
+/// A fenced write is never sent twice ("an increment must not be applied twice"): on a cluster,
+/// an increment whose reply was lost under a broken connection is an error, applied once, as on
+/// one server; never sent again to the node that may have run it.
 ///
 /// How the reply is lost: the master is frozen while the increment sits in its socket, then a
 /// `CLIENT KILL` of that connection is queued behind it; on SIGCONT the master runs the
@@ -119,7 +122,8 @@ fn a_fenced_increment_whose_reply_was_lost_is_not_applied_twice() {
     drop(guard);
     let doubled = outcomes.iter().filter(|(_, s)| *s == Some(2)).count();
     assert_eq!(
-        doubled, 0,
+        doubled,
+        0,
         "one increment of +1 was applied twice in {doubled} of {} rounds: {outcomes:?}",
         outcomes.len()
     );
@@ -187,10 +191,9 @@ fn evalsha_ids(set: &ClusterSet, i: usize) -> Vec<u64> {
         .collect()
 }
 
-/// `force_unlock` runs once (client.rs: "a second run would take the lock from the waiter the
-/// first one handed it to"). On a cluster, a lost reply makes `Pools::routed` run it again: the
-/// first run hands the lock to waiter 1, the second takes it from waiter 1 and hands it to
-/// waiter 2, and both hold guards with `is_held()` true at once.
+/// `force_unlock` runs once: a second run would take the lock from the waiter the first one
+/// handed it to and hand it to the next, and both would hold guards with `is_held()` true at
+/// once. Its reply lost as above, it is not run again.
 #[test]
 fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
     let set = ClusterSet::start(3, 0);
@@ -210,7 +213,9 @@ fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
     // Loads the release script on the key's master (a NOSCRIPT would make the first run a no-op).
     let preload = (0..)
         .map(|i| format!("pre{i}"))
-        .find(|k| set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&lock_key(k)))) == master)
+        .find(|k| {
+            set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&lock_key(k)))) == master
+        })
         .unwrap();
     holder.lock(&preload).unwrap().unlock().unwrap();
     let held = holder.lock(key).unwrap();
@@ -240,7 +245,13 @@ fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
     let second = thread::spawn(move || {
         let got = w2.try_lock(key, ms(8000));
         let at = Instant::now();
-        println!("waiter 2 held from {at:?} (is_held {:?})", got.as_ref().ok().and_then(|g| g.as_ref()).map(|g| g.is_held()));
+        println!(
+            "waiter 2 held from {at:?} (is_held {:?})",
+            got.as_ref()
+                .ok()
+                .and_then(|g| g.as_ref())
+                .map(|g| g.is_held())
+        );
         got.map(|g| (w2, g, at))
     });
     while queue_len(&mut probe) < 2 {
@@ -261,9 +272,11 @@ fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
     };
     println!("before: {}", stats(&mut probe));
     let monitor = {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", set.port_of(master))).unwrap();
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}/", set.port_of(master))).unwrap();
         let mut con = client.get_connection().unwrap();
-        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command()).unwrap();
+        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
+            .unwrap();
         let _ = con.recv_response();
         con.set_read_timeout(Some(ms(3000))).unwrap();
         thread::spawn(move || {
@@ -320,10 +333,8 @@ fn cluster_cmd(set: &ClusterSet, i: usize, args: &[&str]) -> redis::RedisResult<
     cmd.query(&mut set.connection(i))
 }
 
-/// A map with a hole (a slot no master served when it was asked for) is never asked for again:
-/// `Cluster::route` answers "no master serves hash slot" from the map without marking it
-/// suspect, and nothing else does while the client only uses that slot. Once the slot is served
-/// again, calls must succeed.
+/// A map with a hole (a slot no master served when it was asked for) is asked for again: once
+/// the slot is served again, calls succeed.
 #[test]
 fn a_slot_unserved_when_the_map_was_read_is_found_once_served_again() {
     let set = ClusterSet::start(3, 0);
@@ -361,16 +372,17 @@ fn a_slot_unserved_when_the_map_was_read_is_found_once_served_again() {
     println!("after the slot is served again: {tries} tries over 10 s, last {last:?}");
     // Another client built now finds the slot at once.
     let fresh = cluster_client(&set, 30_000);
-    println!("a fresh client: {:?}", fresh.try_lock(key, ms(200)).map(|g| g.map(|g| g.token())));
+    println!(
+        "a fresh client: {:?}",
+        fresh.try_lock(key, ms(200)).map(|g| g.map(|g| g.token()))
+    );
     assert!(last.is_ok(), "still refused after 10 s: {last:?}");
 }
 
-
-/// The renewal thread files an extend answered `ASK` as unconfirmed and sends it again "on the
-/// node the map names then" (design.md); but `ASK` never changes the map, so while a slot stays
-/// mid-migration with the lock's keys already on the target (every call to them is `ASK`ed),
-/// no renewal is ever confirmed and the lock is lost after one lease, though its key is there
-/// and ours. Migrating a big slot key by key keeps that state for a long time.
+/// `ASK` never changes the map, so while a slot stays mid-migration with the lock's keys already
+/// on the target (every call to them is `ASK`ed), the renewal thread must follow the `ASK`
+/// itself, or the lock is lost after one lease though its key is there and ours. Migrating a
+/// big slot key by key keeps that state for a long time.
 #[test]
 fn a_lock_whose_keys_moved_mid_migration_keeps_renewing() {
     let set = ClusterSet::start(3, 0);
@@ -400,14 +412,16 @@ fn a_lock_whose_keys_moved_mid_migration_keeps_renewing() {
     // An explicit extend follows ASK (and works).
     let other = client.lock("asked2");
     drop(other);
-    assert!(!lost, "a lock held through a migration's ASK window was lost");
+    assert!(
+        !lost,
+        "a lock held through a migration's ASK window was lost"
+    );
 }
 
-/// `LockGuard::extend` follows a `CLUSTERDOWN` by sleeping 10 ms, at most 16 times; then the
-/// reply is filed as a refusal and the lock is marked lost (renewal.rs `extend_one`). A cluster
-/// is down for every key whenever any slot is unserved (the default full coverage), e.g. from a
-/// master's failure until its replica takes over (about a second): an explicit extend in that
-/// window loses a lock that is still ours in Redis with most of its lease left.
+/// A cluster is down for every key whenever any slot is unserved (the default full coverage),
+/// e.g. from a master's failure until its replica takes over (about a second): an explicit
+/// extend in that window fails, but leaves the lease unconfirmed, not lost (the lock is still
+/// ours in Redis with most of its lease left).
 #[test]
 fn an_explicit_extend_in_a_brief_clusterdown_does_not_lose_the_lock() {
     let set = ClusterSet::start(3, 0);
@@ -422,7 +436,10 @@ fn an_explicit_extend_in_a_brief_clusterdown_does_not_lose_the_lock() {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut set.connection(0)).unwrap();
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut set.connection(0))
+            .unwrap();
         if info.contains("cluster_state:fail") {
             break;
         }
@@ -439,7 +456,16 @@ fn an_explicit_extend_in_a_brief_clusterdown_does_not_lose_the_lock() {
     cluster_cmd(&set, owner, &["ADDSLOTS", &other.to_string()]).unwrap();
     set.wait_ok(Duration::from_secs(20));
     let mut con = set.connection(set.index_of_port(set.master_of_slot(held_slot)));
-    let pttl: i64 = redis::cmd("PTTL").arg(lock_key("held")).query(&mut con).unwrap();
-    println!("after the cluster is back: is_held {}, lock pttl in redis {pttl}", guard.is_held());
-    assert!(guard.is_held(), "a lock with {pttl} ms left in redis was marked lost");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_key("held"))
+        .query(&mut con)
+        .unwrap();
+    println!(
+        "after the cluster is back: is_held {}, lock pttl in redis {pttl}",
+        guard.is_held()
+    );
+    assert!(
+        guard.is_held(),
+        "a lock with {pttl} ms left in redis was marked lost"
+    );
 }
