@@ -11,6 +11,7 @@
 //! states"); in the code they are one [`State`](crate::wait::State) per waiter, held by its
 //! [`Ticket`], and this file makes the moves.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -331,40 +332,62 @@ impl Locks {
         deadline: Option<Instant>,
     ) -> Result<Acquire> {
         let acks = self.config.replica_acks;
-        self.pools.run_until(keys.lock(), deadline, |con, run| {
-            // A first run may have queued us before its reply was lost: a grant on this run must
-            // take the entry out.
-            let queue = match queue {
-                JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
-                queue => queue,
-            };
-            match scripts::acquire(con, keys, owner, lease, queue, acks) {
-                Err(e) if e.is_timeout() => {
-                    // The script may still run and grant us the lock we are about to report as
-                    // not taken. A release sent on the same connection runs after it, whatever
-                    // it did, and takes us out of the queue. (A retry of the whole closure after
-                    // a broken connection is safe too: the script treats a lock already ours as
-                    // granted.)
-                    // Its reply is of no use, and Redis is slow: wait for it only briefly, so that
-                    // the caller's timeout holds. The connection is discarded either way.
-                    let _ = con.set_read_timeout(Some(MIN_READ));
-                    let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
-                    Err(e)
-                }
-                Err(e) => Err(e),
-                Ok((found, acked)) => match (found, acks, acked) {
-                    (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
-                        // Too few replicas have it, so a failover could lose it: give it back.
-                        scripts::release(con, keys, owner, Leaving::Lock, None)?;
-                        Ok(Err(Error::NotReplicated {
-                            acked,
-                            required: acks.replicas,
-                        }))
+        let (sent, served) = (Instant::now(), Cell::new(None));
+        let found =
+            self.pools
+                .run_until_noting(keys.lock(), deadline, &served, |con, run| {
+                    // A first run may have queued us before its reply was lost: a grant on this run must
+                    // take the entry out.
+                    let queue = match queue {
+                        JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
+                        queue => queue,
+                    };
+                    match scripts::acquire(con, keys, owner, lease, queue, acks) {
+                        Err(e) if e.is_timeout() => {
+                            // The script may still run and grant us the lock we are about to report as
+                            // not taken. A release sent on the same connection runs after it, whatever
+                            // it did, and takes us out of the queue. (A retry of the whole closure after
+                            // a broken connection is safe too: the script treats a lock already ours as
+                            // granted.)
+                            // Its reply is of no use, and Redis is slow: wait for it only briefly, so that
+                            // the caller's timeout holds. The connection is discarded either way.
+                            let _ = con.set_read_timeout(Some(MIN_READ));
+                            let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
+                            Err(e)
+                        }
+                        Err(e) => Err(e),
+                        Ok((found, acked)) => match (found, acks, acked) {
+                            (Acquire::Granted(_), Some(acks), Some(acked))
+                                if acked < acks.replicas =>
+                            {
+                                // Too few replicas have it, so a failover could lose it: give it back.
+                                scripts::release(con, keys, owner, Leaving::Lock, None)?;
+                                Ok(Err(Error::NotReplicated {
+                                    acked,
+                                    required: acks.replicas,
+                                }))
+                            }
+                            (found, ..) => Ok(Ok(found)),
+                        },
                     }
-                    (found, ..) => Ok(Ok(found)),
-                },
+                })??;
+        // A cluster master frozen while its replica took over answers what waited in its socket
+        // when it wakes, before it learns that it was replaced, and then drops what that wrote:
+        // a slow grant is taken only if the other nodes still name its node.
+        if let (Acquire::Granted(token), Some(node)) = (found, served.get()) {
+            if !self
+                .pools
+                .trusted(keys.lock(), node, sent.elapsed(), deadline)
+            {
+                log::warn!(
+                    "fencelock: the grant of {:?} (token {token}) came from a master replaced \
+                     while it answered; attempting again",
+                    keys.user()
+                );
+                return Ok(Acquire::Held(Some(Duration::ZERO)));
             }
-        })?
+        }
+        Ok(found)
     }
 
     /// Makes the guard of a grant and hands the grant to the renewal thread.

@@ -133,6 +133,29 @@ impl Connector {
         }
     }
 
+    /// Whether a reply that took `took` may come from a cluster master that was frozen while its
+    /// replica took over (see [`cluster::SLOW_REPLY`]). Never for other shapes.
+    pub(crate) fn suspect_reply(&self, took: Duration) -> bool {
+        matches!(self.shape, Shape::Cluster(_)) && took >= cluster::SLOW_REPLY
+    }
+
+    /// Whether `node` still serves `key`, the deployment asked again (a cluster's other nodes
+    /// first), within `connection_timeout` and `deadline`. Always for one node.
+    pub(crate) fn still_serves(
+        &self,
+        key: &str,
+        node: Node,
+        connection_timeout: Duration,
+        deadline: Option<Instant>,
+    ) -> bool {
+        match &self.shape {
+            Shape::Cluster(cluster) => {
+                cluster.still_serves(slot(key.as_bytes()), node, connection_timeout, deadline)
+            }
+            _ => true,
+        }
+    }
+
     /// Whether keys are spread over several nodes (a cluster), so that calls are routed.
     pub(crate) fn routes(&self) -> bool {
         matches!(self.shape, Shape::Cluster(_))

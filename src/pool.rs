@@ -289,6 +289,11 @@ impl Pool {
             || conn.epoch < self.connector.epoch(self.node)
     }
 
+    /// The node this pool's connections go to.
+    pub(crate) fn node(&self) -> Node {
+        self.node
+    }
+
     /// Whether the last connection attempt or command of this pool failed to reach Redis (it
     /// was refused, broke, or timed out) with no success since: a call now would likely wait
     /// for a timeout.

@@ -104,16 +104,44 @@ impl Pools {
         &self,
         key: &str,
         deadline: Option<Instant>,
+        f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.run_until_noting(key, deadline, &Cell::new(None), f)
+    }
+
+    /// [`run_until`](Pools::run_until), noting in `served` the node of the last run.
+    pub(crate) fn run_until_noting<T>(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        served: &Cell<Option<Node>>,
         mut f: impl FnMut(&mut redis::Connection, Run) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let ran = Cell::new(false);
         self.routed(key, deadline, Repeat::IfSafe, &ran, |pool, asking, run| {
+            served.set(Some(pool.node()));
             pool.run_as(run, deadline, |con, run| {
                 ran.set(ran.get() || run == Run::Retry);
                 ask(con, asking)?;
                 f(con, run)
             })
         })
+    }
+
+    /// Whether a reply from `node` to a call on `key` that took `took` can be trusted: after a
+    /// slow reply from a cluster master, whether the map, asked of the other nodes first, still
+    /// names it (see [`Connector::suspect_reply`]).
+    pub(crate) fn trusted(
+        &self,
+        key: &str,
+        node: Node,
+        took: Duration,
+        deadline: Option<Instant>,
+    ) -> bool {
+        !self.connector.suspect_reply(took)
+            || self
+                .connector
+                .still_serves(key, node, self.connection_timeout, deadline)
     }
 
     /// [`Pool::run_once`] on the pool that serves `key`. A redirect means the call did not

@@ -308,6 +308,9 @@ impl Renewer {
             );
         }
         let (now, first) = (Instant::now(), Arc::clone(&batch[0]));
+        // A cluster master frozen while its replica took over answers what waited in its socket
+        // when it wakes, and then drops what that wrote: a renewal that slow is not counted.
+        let slow = self.connector.suspect_reply(now - sent);
         let mut renewed = 0;
         // Extends a cluster node sent on with ASK (their keys moved to a node importing the
         // slot): sent there at once, behind an ASKING, since the map will not name that node
@@ -325,7 +328,7 @@ impl Renewer {
                 Some(Ok(reply)) => match scripts::extended(reply) {
                     // Re-armed on the master only: a failover now would bring back the lease as it
                     // was, so the deadline stays where the last acknowledged renewal put it.
-                    Ok(true) if short.is_some() => Reply::Unknown,
+                    Ok(true) if short.is_some() || slow => Reply::Unknown,
                     reply => Reply::from(&reply),
                 },
                 // A cluster node that does not serve the key (no longer, not yet, or not now):
@@ -411,6 +414,8 @@ impl Renewer {
             }
             Err(e) => Reply::Refused(e.to_string()),
             Ok((true, Some(_))) => Reply::Unknown,
+            // As for a renewal: too slow to count (see `renew`).
+            Ok((true, None)) if self.connector.suspect_reply(sent.elapsed()) => Reply::Unknown,
             Ok((true, None)) => Reply::Extended,
             Ok((false, _)) => Reply::Gone,
         };

@@ -469,3 +469,70 @@ fn an_explicit_extend_in_a_brief_clusterdown_does_not_lose_the_lock() {
         "a lock with {pttl} ms left in redis was marked lost"
     );
 }
+
+/// A master frozen (a VM stall, a long fork) with an acquire in its socket is failed over; a
+/// second client takes the lock on the new master; the old master is resumed within the first
+/// client's response timeout, and answers the queued acquire before it hears it was demoted (then
+/// drops it when it resyncs). The first client must not take that grant: both would hold the
+/// lock with `is_held()` true, the stale one with the higher token.
+#[test]
+fn a_grant_queued_on_a_frozen_master_is_not_held_beside_the_new_masters() {
+    let set = ClusterSet::start(3, 1);
+    let key = "frozen";
+    let slot = ClusterSet::slot_of(&lock_key(key));
+    let old = set.master_of_slot(slot);
+    let old_index = set.index_of_port(old);
+    let a = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .pool_size(1)
+        .build()
+        .unwrap();
+    // A pooled connection to the master, scripts loaded.
+    a.lock(key).unwrap().unlock().unwrap();
+    set.pause(old_index);
+    let frozen_at = Instant::now();
+    let first = {
+        let a = a.clone();
+        thread::spawn(move || {
+            let got = a.try_lock(key, ms(8_000));
+            let at = frozen_at.elapsed();
+            let lost = got.as_ref().ok().and_then(|g| g.as_ref()).map(|g| {
+                let _ = g.lost().recv_timeout(ms(15_000));
+                frozen_at.elapsed()
+            });
+            (got, at, lost)
+        })
+    };
+    let new = set.wait_for_owner_change(slot, old, Duration::from_secs(15));
+    println!("failed over to {new} after {:?}", frozen_at.elapsed());
+    let b = cluster_client(&set, 30_000);
+    let gb = b.lock(key).unwrap();
+    let b_at = frozen_at.elapsed();
+    set.resume(old_index);
+    println!("resumed the old master after {:?}", frozen_at.elapsed());
+    let (got, a_at, a_lost) = first.join().unwrap();
+    let ga = match got {
+        Ok(Some(g)) => g,
+        // Not granted: the slow grant was checked against the other nodes, and given up.
+        other => {
+            println!(
+                "client A: {:?} at {a_at:?}",
+                other.map(|g| g.map(|g| g.token()))
+            );
+            assert!(gb.is_held());
+            return;
+        }
+    };
+    println!(
+        "client A granted token {} at {a_at:?}, reported lost at {a_lost:?}; client B granted \
+         token {} at {b_at:?}, still held {}",
+        ga.token(),
+        gb.token(),
+        gb.is_held()
+    );
+    let overlap = a_lost.map(|l| l.saturating_sub(a_at.max(b_at)));
+    assert!(
+        !gb.is_held() || overlap.is_none_or(|o| o.is_zero()),
+        "both clients held {key:?} with is_held() true for {overlap:?}"
+    );
+}

@@ -38,6 +38,11 @@ pub(crate) const SLOTS: usize = 16384;
 /// migration every call to the slot is redirected, and one refresh tells all of them.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 const NO_NODE: u32 = u32::MAX;
+/// A reply that took this long may come from a master that was frozen while its replica took
+/// over, and that answers what waited in its socket before it learns so (and then drops what
+/// that wrote): a grant is checked against the map, a renewal not counted. A failover takes
+/// about twice `cluster-node-timeout` at the least, and no sane node timeout is below 500 ms.
+pub(crate) const SLOW_REPLY: Duration = Duration::from_secs(1);
 
 /// The nodes of a Redis Cluster, and which master owns which slot.
 pub(crate) struct Cluster {
@@ -215,10 +220,35 @@ impl Cluster {
         }
     }
 
+    /// Whether `node` still serves `slot`, as the map says once asked for again of the other
+    /// nodes first. An unanswered question leaves the map as it was.
+    pub(crate) fn still_serves(
+        &self,
+        slot: u16,
+        node: Node,
+        connection_timeout: Duration,
+        deadline: Option<Instant>,
+    ) -> bool {
+        if let Err(e) = self.refresh_avoiding(connection_timeout, deadline, Some(node.0)) {
+            log::debug!("fencelock: asking the cluster for its slots failed: {e}");
+        }
+        self.read().slots[usize::from(slot)] == node.0
+    }
+
     /// Asks the nodes for the map (`CLUSTER SLOTS`), the masters first and those that failed
     /// last, until one answers. One thread at a time: a thread that finds another asking waits
     /// for it (within its own bounds) and uses its answer.
     fn refresh(&self, connection_timeout: Duration, deadline: Option<Instant>) -> Result<()> {
+        self.refresh_avoiding(connection_timeout, deadline, None)
+    }
+
+    /// [`refresh`](Cluster::refresh), asking `avoid` last.
+    fn refresh_avoiding(
+        &self,
+        connection_timeout: Duration,
+        deadline: Option<Instant>,
+        avoid: Option<u32>,
+    ) -> Result<()> {
         let started = Instant::now();
         let until = deadline
             .unwrap_or(started + connection_timeout)
@@ -251,8 +281,13 @@ impl Cluster {
                     order.push(*id);
                 }
             }
-            // Healthy first, then by how long ago they failed.
-            order.sort_by_key(|id| map.nodes[*id as usize].failed.map(|at| -elapsed_ms(at)));
+            // Healthy first, then by how long ago they failed; `avoid` last.
+            order.sort_by_key(|id| {
+                (
+                    Some(*id) == avoid,
+                    map.nodes[*id as usize].failed.map(|at| -elapsed_ms(at)),
+                )
+            });
             order
                 .into_iter()
                 .map(|id| {
