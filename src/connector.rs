@@ -161,10 +161,10 @@ impl Connector {
         matches!(self.shape, Shape::Cluster(_))
     }
 
-    /// Where a cluster node's reply `error` sends the command, if it is a redirect; the map
-    /// learns from a `MOVED` or a `CLUSTERDOWN` at once. `None` for any other error, and always
-    /// for a single server or Sentinel.
-    pub(crate) fn redirect(&self, error: &redis::RedisError) -> Option<Redirect> {
+    /// Where the reply `error` of the cluster node `from` sends the command, if it is a
+    /// redirect; the map learns from a `MOVED` or a `CLUSTERDOWN` at once. `None` for any other
+    /// error, and always for a single server or Sentinel.
+    pub(crate) fn redirect(&self, error: &redis::RedisError, from: Node) -> Option<Redirect> {
         use redis::{ErrorKind, ServerErrorKind};
         let Shape::Cluster(cluster) = &self.shape else {
             return None;
@@ -172,12 +172,15 @@ impl Connector {
         match error.kind() {
             ErrorKind::Server(ServerErrorKind::Moved) => {
                 let (addr, slot) = error.redirect_node()?;
-                cluster.moved(slot, addr);
-                cluster.node_at(addr).map(Redirect::Moved)
+                let addr = cluster.full_address(addr, from);
+                cluster.moved(slot, &addr);
+                cluster.node_at(&addr).map(Redirect::Moved)
             }
             ErrorKind::Server(ServerErrorKind::Ask) => {
                 let (addr, _) = error.redirect_node()?;
-                cluster.node_at(addr).map(Redirect::Ask)
+                cluster
+                    .node_at(&cluster.full_address(addr, from))
+                    .map(Redirect::Ask)
             }
             ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirect::Later),
             ErrorKind::Server(ServerErrorKind::ClusterDown) => {

@@ -220,7 +220,7 @@ impl Pools {
             let Err(error) = &result else {
                 return result;
             };
-            let redirect = redis_error(error).and_then(|e| self.connector.redirect(e));
+            let redirect = redis_error(error).and_then(|e| self.connector.redirect(e, node));
             let left = give_up.saturating_duration_since(Instant::now());
             match redirect {
                 // Sent on at once, a bounded number of times (a migration's ASK, NOSCRIPT and

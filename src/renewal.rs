@@ -333,7 +333,7 @@ impl Renewer {
                 },
                 // A cluster node that does not serve the key (no longer, not yet, or not now):
                 // refused unrun, and sent again where the map says once it learnt from the reply.
-                Some(Err(e)) => match self.connector.redirect(&e) {
+                Some(Err(e)) => match self.connector.redirect(&e, node) {
                     Some(Redirect::Ask(_)) => {
                         asked.push(i);
                         Reply::Unknown
@@ -382,11 +382,13 @@ impl Renewer {
         }
         let mut sent = Instant::now();
         let mut reply = self.extend_once(grant, lease, None);
+        // The node that answered last.
+        let mut from = self.connector.node_of(&grant.keys);
         for _ in 0..wire::MAX_INTERRUPTS {
             let asking = match &reply {
                 Err(e) if wire::interrupted(e) => None,
                 // A cluster's redirect: the extend did not run; it goes where the reply says.
-                Err(e) => match self.connector.redirect(e) {
+                Err(e) => match self.connector.redirect(e, from) {
                     Some(Redirect::Moved(_)) => None,
                     Some(Redirect::Ask(node)) => Some(node),
                     Some(Redirect::Later) => {
@@ -398,12 +400,13 @@ impl Renewer {
                 _ => break,
             };
             sent = Instant::now();
+            from = asking.unwrap_or_else(|| self.connector.node_of(&grant.keys));
             reply = self.extend_once(grant, lease, asking);
         }
         let outcome = match &reply {
             // Still redirected after the tries above (a CLUSTERDOWN that lasts, say): the lease
             // stands unconfirmed, as after a broken connection.
-            Err(e) if self.connector.redirect(e).is_some() => Reply::Unknown,
+            Err(e) if self.connector.redirect(e, from).is_some() => Reply::Unknown,
             Err(e) if e.is_io_error() || self.connector.not_master(e) => {
                 if !wire::interrupted(e) {
                     let node = self.connector.node_of(&grant.keys);

@@ -342,3 +342,43 @@ fn a_waiter_is_woken_when_the_node_of_its_subscription_freezes() {
     assert!(waited < ms(3800), "woken after {waited:?}");
     eprintln!("woken {waited:?} after the release, its subscription's node frozen");
 }
+
+#[test]
+fn nodes_that_announce_no_address_are_reached_at_the_seed_host() {
+    // MOVED and CLUSTER SLOTS then name a port only (`:30001`, `?`): the host is the one the
+    // client reached the answering node at.
+    let set = ClusterSet::start_with(
+        3,
+        0,
+        &["--cluster-preferred-endpoint-type", "unknown-endpoint"],
+    );
+    let mut con = set.connection(0);
+    let moved = redis::cmd("SET")
+        .arg(lock_key(
+            &(0..100)
+                .map(|i| format!("m{i}"))
+                .find(|k| set.master_of_slot(ClusterSet::slot_of(&lock_key(k))) != set.port_of(0))
+                .unwrap(),
+        ))
+        .arg("x")
+        .query::<()>(&mut con)
+        .unwrap_err();
+    assert!(moved.to_string().contains(" :"), "{moved}");
+    let client = client(vec![set.seed_urls()[0].clone()], 2000);
+    for i in 0..30 {
+        let guard = client.lock(&format!("k{i}")).unwrap();
+        guard.unlock().unwrap();
+    }
+    assert_eq!(masters_of(&set, 30).len(), 3);
+    // The client's map goes stale: a slot moves, and the old owner answers `MOVED :port`.
+    let slot = ClusterSet::slot_of(&lock_key("k0"));
+    let from = set.master_of_slot(slot);
+    let to = set.master_ports().into_iter().find(|p| *p != from).unwrap();
+    set.begin_migration(slot, to);
+    set.migrate_rest(slot);
+    set.finish_migration(slot);
+    let moved_before = errors_given(&set, set.index_of_port(from), "MOVED");
+    let guard = client.lock("k0").unwrap();
+    guard.unlock().unwrap();
+    assert!(errors_given(&set, set.index_of_port(from), "MOVED") > moved_before);
+}

@@ -385,6 +385,23 @@ impl Cluster {
         self.suspect.store(true, Ordering::Relaxed);
     }
 
+    /// `addr` as a redirect from node `from` gives it, with `from`'s host when it names none (a
+    /// node announcing `cluster-preferred-endpoint-type unknown-endpoint` says `:port`).
+    pub(crate) fn full_address(&self, addr: &str, from: Node) -> String {
+        let (host, port) = split_addr(addr);
+        if !host.is_empty() && host != "?" {
+            return addr.to_owned();
+        }
+        let map = self.read();
+        match (map.nodes.get(from.0 as usize), port) {
+            (Some(entry), Some(port)) => {
+                let (from_host, _) = split_addr(&entry.addr);
+                address(from_host, port)
+            }
+            _ => addr.to_owned(),
+        }
+    }
+
     /// The node at `addr` (as a redirect names it), given a number if it is new.
     pub(crate) fn node_at(&self, addr: &str) -> Option<Node> {
         let (host, port) = split_addr(addr);
@@ -614,8 +631,10 @@ fn parse_slots(reply: Value) -> RedisResult<Vec<Range>> {
                 return Err(bad("a node is not an array"));
             };
             let mut fields = fields.into_iter();
-            let host: String =
+            // Nil for a node that announces no address (`unknown-endpoint`): the asked one's.
+            let host: Option<String> =
                 redis::from_redis_value(fields.next().ok_or_else(|| bad("no host"))?)?;
+            let host = host.unwrap_or_default();
             let port: u16 = redis::from_redis_value(fields.next().ok_or_else(|| bad("no port"))?)?;
             nodes.push((host, port));
         }
