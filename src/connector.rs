@@ -183,8 +183,11 @@ impl Connector {
                     .map(Redirect::Ask)
             }
             ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirect::Later),
-            ErrorKind::Server(ServerErrorKind::ClusterDown) => {
-                cluster.failed(Node::SINGLE, error);
+            // A master that became a replica answers MOVED; READONLY would mean a node the map
+            // took for a master is a replica: the map is asked for again, as for CLUSTERDOWN.
+            ErrorKind::Server(ServerErrorKind::ClusterDown)
+            | ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+                cluster.failed(from, error);
                 Some(Redirect::Later)
             }
             _ => None,

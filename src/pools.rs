@@ -11,6 +11,7 @@
 //! | `ASK slot addr` | a migration under way: the keys are being moved to `addr` | this call alone goes to `addr`, behind an `ASKING` |
 //! | `TRYAGAIN` | a slot mid-migration, and the call's keys not all on one of its two nodes | after a pause (10 ms, doubling, at most 100 ms) |
 //! | `CLUSTERDOWN` | the cluster is electing a master, or lost one | after a pause, with the map asked for again |
+//! | `READONLY` | the node is a replica (a stale map) | as `CLUSTERDOWN` |
 //! | a broken connection, or none | the master died | after a pause, with the map asked for again: a replica may have taken over |
 //!
 //! A redirect means the call did not run, so following it is safe for any call. Sending a call
