@@ -122,16 +122,7 @@ impl Cluster {
             };
             let id = match map.by_addr.get(&addr) {
                 Some(id) => *id,
-                None => {
-                    let id = map.nodes.len() as u32;
-                    map.by_addr.insert(addr.clone(), id);
-                    map.nodes.push(Entry {
-                        addr,
-                        client,
-                        failed: None,
-                    });
-                    id
-                }
+                None => map.add(addr, client),
             };
             if !map.seeds.contains(&id) {
                 map.seeds.push(id);
@@ -524,6 +515,11 @@ impl Map {
                 return None;
             }
         };
+        Some(self.add(addr, client))
+    }
+
+    /// Numbers a node new to the map.
+    fn add(&mut self, addr: String, client: redis::Client) -> u32 {
         let id = self.nodes.len() as u32;
         self.by_addr.insert(addr.clone(), id);
         self.nodes.push(Entry {
@@ -531,7 +527,7 @@ impl Map {
             client,
             failed: None,
         });
-        Some(id)
+        id
     }
 }
 
