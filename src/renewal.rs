@@ -239,7 +239,11 @@ impl Renewer {
         }
     }
 
-    /// Renews every lease due, in pipelines, and files each by its reply.
+    /// Renews every lease due, in pipelines, and files each by its reply. With more than one
+    /// node due (a cluster's masters), each node's pipelines go out on a thread of their own and
+    /// are filed as they are answered: a node that does not answer holds up the renewal of its
+    /// own leases, not the others'. (The next round still waits for it: at most the response
+    /// timeout, or its batch's last deadline.)
     fn renew_due(&mut self) {
         if self
             .schedule
@@ -257,34 +261,114 @@ impl Renewer {
         let Some(round) = due else {
             return;
         };
+        let mut nodes: Vec<Node> = round.pipelines.iter().map(|(node, _)| *node).collect();
+        nodes.dedup();
+        if nodes.len() <= 1 {
+            for (node, batch) in round.pipelines {
+                // An earlier batch may have taken long enough for deadlines in this one to pass.
+                let (batch, lost) = self
+                    .schedule
+                    .unexpired(batch, round.earliest, Instant::now());
+                report(lost);
+                if !batch.is_empty() {
+                    self.renew(node, batch);
+                }
+            }
+            return;
+        }
+        let mut by_node: Vec<(Node, Held, Batches)> = Vec::new();
         for (node, batch) in round.pipelines {
-            // An earlier batch may have taken long enough for deadlines in this one to pass.
             let (batch, lost) = self
                 .schedule
                 .unexpired(batch, round.earliest, Instant::now());
             report(lost);
-            if !batch.is_empty() {
-                self.renew(node, batch);
+            if batch.is_empty() {
+                continue;
+            }
+            match by_node.iter_mut().find(|(n, ..)| *n == node) {
+                Some((.., batches)) => batches.push(batch),
+                None => by_node.push((node, self.cons.remove(&node), vec![batch])),
             }
         }
+        // Each node's work in a slot of its own, taken by the thread that does it (or by this
+        // one, if no thread could be started); each node's replies are filed as they come, so
+        // that a node that answers at once is not held up by one that does not.
+        type Work = (Held, Batches);
+        type Done = (Node, Held, Vec<Sent>);
+        let slots: Vec<(Node, Mutex<Option<Work>>)> = by_node
+            .into_iter()
+            .map(|(node, held, batches)| (node, Mutex::new(Some((held, batches)))))
+            .collect();
+        let connector = Arc::clone(&self.connector);
+        let link = Link {
+            connector: &connector,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+            acks: self.acks,
+        };
+        let work = |node: Node, slot: &Mutex<Option<Work>>| -> Option<Done> {
+            let (mut held, batches) = slot.lock().unwrap_or_else(PoisonError::into_inner).take()?;
+            let mut buf = (Vec::new(), Vec::new());
+            let sent: Vec<Sent> = batches
+                .into_iter()
+                .map(|batch| link.send(node, batch, &mut held, &mut buf))
+                .collect();
+            Some((node, held, sent))
+        };
+        let work = &work;
+        let (finished, results) = crossbeam_channel::unbounded::<Done>();
+        thread::scope(|scope| {
+            for (node, slot) in &slots {
+                let to_us = finished.clone();
+                let spawned = thread::Builder::new()
+                    .name("fencelock-renew-node".to_owned())
+                    .spawn_scoped(scope, move || {
+                        if let Some(done) = work(*node, slot) {
+                            let _ = to_us.send(done);
+                        }
+                    });
+                if spawned.is_err() {
+                    // No thread: here, in turn.
+                    if let Some(done) = work(*node, slot) {
+                        let _ = finished.send(done);
+                    }
+                }
+            }
+            // The results end when every thread has ended.
+            drop(finished);
+            for (node, held, pipelines) in results.iter() {
+                if let Some(held) = held {
+                    self.cons.insert(node, held);
+                }
+                for sent in pipelines {
+                    self.file(node, sent);
+                }
+            }
+        });
     }
 
     /// Renews one pipeline's worth of grants served by `node`, and files each according to its
     /// reply.
     fn renew(&mut self, node: Node, batch: Vec<Arc<Grant>>) {
-        let sent = Instant::now();
-        let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
-        let replies = self.extend_all(node, &batch, &leases).and_then(|replies| {
-            // Refused unrun by a server that is no longer the master: as if the connection had
-            // failed, the batch goes again, to the new master.
-            match replies.iter().find_map(|r| match r {
-                Some(Err(e)) if self.connector.not_master(e) => Some(e.clone()),
-                _ => None,
-            }) {
-                Some(e) => Err(e),
-                None => Ok(replies),
-            }
-        });
+        let mut held = self.cons.remove(&node);
+        let mut buf = std::mem::take(&mut self.buf);
+        let sent = self.link().send(node, batch, &mut held, &mut buf);
+        self.buf = buf;
+        if let Some(held) = held {
+            self.cons.insert(node, held);
+        }
+        self.file(node, sent);
+    }
+
+    /// Files each grant of a pipeline sent to `node` according to its reply.
+    fn file(&mut self, node: Node, sent: Sent) {
+        let Sent {
+            batch,
+            leases,
+            sent,
+            replies,
+            epoch,
+        } = sent;
         let replies = match replies {
             Ok(replies) => replies,
             Err(e) => {
@@ -293,7 +377,6 @@ impl Renewer {
                     "fencelock: renewing {} lease(s) failed, retrying: {e}",
                     batch.len()
                 );
-                let epoch = self.made(node);
                 self.connector.failed(node, epoch, &e);
                 self.schedule.retry(batch, &leases, sent);
                 return;
@@ -459,21 +542,140 @@ impl Renewer {
         }
     }
 
+    /// What the connections need (see [`Link`]).
+    fn link(&self) -> Link<'_> {
+        Link {
+            connector: &self.connector,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+            acks: self.acks,
+        }
+    }
+
+    /// See [`Link::wait_for`].
+    fn wait_for(&self, batch: &[Arc<Grant>]) -> Option<ReplicaAcks> {
+        self.link().wait_for(batch)
+    }
+
+    /// Drops the connection to `node` after a failure; returns the connector epoch it was made
+    /// at (the current one if there was none: connecting failed).
+    fn made(&mut self, node: Node) -> u64 {
+        match self.cons.remove(&node) {
+            Some((epoch, _)) => epoch,
+            None => self.connector.epoch(node),
+        }
+    }
+
+    /// The connection to `node`, made or kept (see [`Link::ready`]).
+    fn connection(
+        &mut self,
+        node: Node,
+        batch: &[Arc<Grant>],
+    ) -> redis::RedisResult<&mut redis::Connection> {
+        let mut held = self.cons.remove(&node);
+        Link {
+            connector: &self.connector,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+            acks: self.acks,
+        }
+        .ready(node, batch, &mut held)?;
+        match held {
+            Some(held) => Ok(&mut self.cons.entry(node).or_insert(held).1),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no renewal connection",
+            ))),
+        }
+    }
+}
+
+/// A renewal connection to a node, with the connector epoch it was made at, if there is one.
+type Held = Option<(u64, redis::Connection)>;
+
+/// One node's pipelines of a round.
+type Batches = Vec<Vec<Arc<Grant>>>;
+
+/// The settings the renewal's connections need, and the connector: what a thread sending one
+/// node's pipelines gets.
+#[derive(Clone, Copy)]
+struct Link<'a> {
+    connector: &'a Connector,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    /// Replicas that must acknowledge a renewal before it counts.
+    acks: Option<ReplicaAcks>,
+}
+
+/// A pipeline of extends sent, and what came of it.
+struct Sent {
+    batch: Vec<Arc<Grant>>,
+    leases: Vec<Duration>,
+    sent: Instant,
+    /// A reply per extend (`None`: a signal interrupted the read of it), and with replica
+    /// acknowledgement on, the `WAIT`'s last; an error if the pipeline failed as a whole (or
+    /// was refused unrun by a server that is no master any more).
+    replies: redis::RedisResult<Vec<Option<redis::RedisResult<redis::Value>>>>,
+    /// The connector epoch of the connection it went on (the current one if none was made).
+    epoch: u64,
+}
+
+impl Link<'_> {
+    /// Sends one pipeline renewing `batch` to `node` on `held` (made or replaced first if need
+    /// be), `buf` its reused encoding. A connection that failed is dropped (`held` left empty).
+    fn send(
+        &self,
+        node: Node,
+        batch: Vec<Arc<Grant>>,
+        held: &mut Option<(u64, redis::Connection)>,
+        buf: &mut (Vec<u8>, Vec<usize>),
+    ) -> Sent {
+        let sent = Instant::now();
+        let leases: Vec<Duration> = batch.iter().map(|g| g.renewal_lease()).collect();
+        let replies = self
+            .extend_all(node, &batch, &leases, held, buf)
+            .and_then(|replies| {
+                // Refused unrun by a server that is no longer the master: as if the connection
+                // had failed, the batch goes again, to the new master.
+                match replies.iter().find_map(|r| match r {
+                    Some(Err(e)) if self.connector.not_master(e) => Some(e.clone()),
+                    _ => None,
+                }) {
+                    Some(e) => Err(e),
+                    None => Ok(replies),
+                }
+            });
+        let epoch = held
+            .as_ref()
+            .map_or_else(|| self.connector.epoch(node), |(epoch, _)| *epoch);
+        if replies.is_err() {
+            *held = None;
+        }
+        Sent {
+            batch,
+            leases,
+            sent,
+            replies,
+            epoch,
+        }
+    }
+
     /// One pipeline of extend calls to `node`, with a reply per call (`None`: a signal
     /// interrupted the read of it), and with replica acknowledgement on, a `WAIT` behind them
     /// and its reply last: the extends are this connection's writes, so it counts the replicas
     /// that have all of them.
     fn extend_all(
-        &mut self,
+        &self,
         node: Node,
         batch: &[Arc<Grant>],
         leases: &[Duration],
+        held: &mut Option<(u64, redis::Connection)>,
+        (buf, ends): &mut (Vec<u8>, Vec<usize>),
     ) -> redis::RedisResult<Vec<Option<redis::RedisResult<redis::Value>>>> {
-        let (mut buf, mut ends) = std::mem::take(&mut self.buf);
         buf.clear();
         ends.clear();
         for (grant, lease) in batch.iter().zip(leases) {
-            scripts::pack_extend(&mut buf, &grant.keys, grant.keys.owner(), *lease);
+            scripts::pack_extend(buf, &grant.keys, grant.keys.owner(), *lease);
             ends.push(buf.len());
         }
         // A WAIT sent again by itself would count nothing of ours: with one, an interrupted read
@@ -482,7 +684,7 @@ impl Renewer {
             None => Interrupted::SendAgain,
             Some(acks) => {
                 wire::pack(
-                    &mut buf,
+                    buf,
                     &[
                         Arg::Str("WAIT"),
                         Arg::Int(u64::from(acks.replicas)),
@@ -493,15 +695,18 @@ impl Renewer {
                 Interrupted::LeaveUnanswered
             }
         };
-        let result = self.connection(node, batch).and_then(|con| {
-            scripts::run_pipeline(con, &scripts::EXTEND, &buf, &ends, on_interrupt)
-        });
-        self.buf = (buf, ends);
-        result
+        self.ready(node, batch, held)?;
+        let Some((_, con)) = held.as_mut() else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no renewal connection",
+            )));
+        };
+        scripts::run_pipeline(con, &scripts::EXTEND, buf, ends, on_interrupt)
     }
 
     /// How long a reply to a pipeline renewing `batch` is worth waiting for: until the last
-    /// deadline of the batch, within the response timeout (see [`connection`](Self::connection)).
+    /// deadline of the batch, within the response timeout (see [`ready`](Self::ready)).
     fn budget(&self, batch: &[Arc<Grant>]) -> Duration {
         let now = Instant::now();
         let last_deadline = batch.iter().map(|g| g.deadline()).max().unwrap_or(now);
@@ -525,20 +730,15 @@ impl Renewer {
         Some(ReplicaAcks { timeout, ..acks })
     }
 
-    /// Drops the connection to `node` after a failure; returns the connector epoch it was made
-    /// at (the current one if there was none: connecting failed).
-    fn made(&mut self, node: Node) -> u64 {
-        match self.cons.remove(&node) {
-            Some((epoch, _)) => epoch,
-            None => self.connector.epoch(node),
-        }
-    }
-
-    fn connection(
-        &mut self,
+    /// Makes `held` a connection to `node` of the current epoch, whose reads wait as long as a
+    /// reply can save a lease of `batch`: kept if it is one, made anew otherwise (left empty on
+    /// failure).
+    fn ready(
+        &self,
         node: Node,
         batch: &[Arc<Grant>],
-    ) -> redis::RedisResult<&mut redis::Connection> {
+        held: &mut Option<(u64, redis::Connection)>,
+    ) -> redis::RedisResult<()> {
         // A reply is worth waiting for as long as it can save any lease of the batch: until its
         // last deadline. Bounding it by the *first* deadline instead lets one lease that is nearly
         // out shrink the budget of the whole pipeline, which then times out, and every retry has
@@ -548,7 +748,7 @@ impl Renewer {
         // the same way.
         let timeout = self.budget(batch);
         let epoch = self.connector.epoch(node);
-        let con = match self.cons.remove(&node) {
+        let con = match held.take() {
             Some((made, con)) if made == epoch => con,
             _ => {
                 let connect_timeout = timeout.min(self.connection_timeout);
@@ -561,7 +761,8 @@ impl Renewer {
             }
         };
         con.set_read_timeout(Some(timeout))?;
-        Ok(&mut self.cons.entry(node).or_insert((epoch, con)).1)
+        *held = Some((epoch, con));
+        Ok(())
     }
 }
 

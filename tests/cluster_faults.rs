@@ -536,3 +536,61 @@ fn a_grant_queued_on_a_frozen_master_is_not_held_beside_the_new_masters() {
         "both clients held {key:?} with is_held() true for {overlap:?}"
     );
 }
+
+/// A key whose lock's slot the master at `port` serves.
+fn key_on(set: &ClusterSet, port: u16, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|k| set.master_of_slot(ClusterSet::slot_of(&lock_key(k))) == port)
+        .unwrap()
+}
+
+/// A frozen master holds up the renewal of its own leases only: each master's pipelines go out
+/// on a thread of their own, and are filed as they are answered. Here a 5 s lease with the
+/// default timeouts (5 s), the node timeout at 15 s (Redis' default) so that nothing fails over,
+/// and one master frozen for 5.5 s: the lock held on another master stays held.
+#[test]
+fn a_frozen_master_does_not_cost_leases_held_on_healthy_masters() {
+    let set = ClusterSet::start_with(3, 0, &["--cluster-node-timeout", "15000"]);
+    let masters = set.master_ports();
+    // Node 0 is the first seed, so it is the connector's Node(0): its pipeline goes first.
+    let (frozen, healthy) = (masters[0], masters[1]);
+    assert_eq!(set.port_of(0), frozen);
+    let client = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .lease(ms(5000))
+        .build()
+        .unwrap();
+    let on_frozen = client.lock(&key_on(&set, frozen, "f")).unwrap();
+    let on_healthy = client.lock(&key_on(&set, healthy, "h")).unwrap();
+    set.pause(0);
+    let paused = Instant::now();
+    let mut held_until = None;
+    while paused.elapsed() < ms(5500) {
+        if !on_healthy.is_held() && held_until.is_none() {
+            held_until = Some(paused.elapsed());
+        }
+        thread::sleep(ms(5));
+    }
+    let lost = !on_healthy.is_held() || on_healthy.lost().try_recv().is_ok();
+    set.resume(0);
+    let signalled = on_healthy.lost().recv_timeout(ms(3000)).is_ok();
+    println!(
+        "lost signal after resume: {signalled} at {:?}",
+        paused.elapsed()
+    );
+    let mut con = set.connection(set.index_of_port(healthy));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_key(on_healthy.key()))
+        .query(&mut con)
+        .unwrap();
+    println!(
+        "healthy master's lock: lost {lost} (is_held false from {held_until:?} after the freeze); \
+         its key's pttl in redis {pttl} ms; frozen master's lock held {}",
+        on_frozen.is_held()
+    );
+    assert!(
+        !lost,
+        "a lock on a healthy master was reported lost while another master was frozen"
+    );
+}
