@@ -22,19 +22,7 @@ fn lock_key(key: &str) -> String {
 
 /// The id of the one connection on node `i` whose last command was `cmd` (lower case).
 fn client_id_with_cmd(set: &ClusterSet, i: usize, cmd: &str) -> u64 {
-    let mut con = set.connection(i);
-    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
-    let ids: Vec<u64> = list
-        .lines()
-        .filter(|l| l.split(' ').any(|f| f == format!("cmd={cmd}")))
-        .map(|l| {
-            l.split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let (ids, list) = ids_with_cmd(set, i, cmd);
     if ids.len() != 1 {
         for j in set.live_nodes() {
             let mut c = set.connection(j);
@@ -49,6 +37,10 @@ fn client_id_with_cmd(set: &ClusterSet, i: usize, cmd: &str) -> u64 {
     );
     ids[0]
 }
+
+/// How long a writer thread is given to put its command in a frozen node's socket before the
+/// kill is queued behind it: on a busy machine 300 ms was once not enough (the kill went first).
+const TO_THE_SOCKET: Duration = Duration::from_millis(1000);
 
 /// Writes `CLIENT KILL ID <id>` on `con` without reading the reply (its node may be frozen).
 fn send_kill(con: &mut redis::Connection, id: u64) {
@@ -109,7 +101,7 @@ fn a_fenced_increment_whose_reply_was_lost_is_not_applied_twice() {
             let resource = resource.clone();
             thread::spawn(move || store.incr_by(&resource, token, 1))
         };
-        thread::sleep(ms(300));
+        thread::sleep(TO_THE_SOCKET);
         send_kill(&mut killer, id);
         thread::sleep(ms(100));
         set.resume(master);
@@ -157,7 +149,7 @@ fn control_on_one_server_a_lost_increment_reply_is_an_error_applied_once() {
         let store = store.clone();
         thread::spawn(move || store.incr_by("c", token, 1))
     };
-    thread::sleep(ms(300));
+    thread::sleep(TO_THE_SOCKET);
     send_kill(&mut probe, id);
     thread::sleep(ms(100));
     server.resume();
@@ -177,10 +169,17 @@ fn cluster_client(set: &ClusterSet, lease_ms: u64) -> LockClient {
 }
 
 fn evalsha_ids(set: &ClusterSet, i: usize) -> Vec<u64> {
+    ids_with_cmd(set, i, "evalsha").0
+}
+
+/// The ids of the connections on node `i` whose last command was `cmd` (lower case), and the
+/// whole `CLIENT LIST`.
+fn ids_with_cmd(set: &ClusterSet, i: usize, cmd: &str) -> (Vec<u64>, String) {
     let mut con = set.connection(i);
     let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
-    list.lines()
-        .filter(|l| l.split(' ').any(|f| f == "cmd=evalsha"))
+    let ids = list
+        .lines()
+        .filter(|l| l.split(' ').any(|f| f == format!("cmd={cmd}")))
         .map(|l| {
             l.split(' ')
                 .find_map(|f| f.strip_prefix("id="))
@@ -188,7 +187,8 @@ fn evalsha_ids(set: &ClusterSet, i: usize) -> Vec<u64> {
                 .parse()
                 .unwrap()
         })
-        .collect()
+        .collect();
+    (ids, list)
 }
 
 /// `force_unlock` runs once: a second run would take the lock from the waiter the first one
@@ -299,7 +299,7 @@ fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
             r
         })
     };
-    thread::sleep(ms(300));
+    thread::sleep(TO_THE_SOCKET);
     send_kill(&mut probe, ids[0]);
     thread::sleep(ms(100));
     set.resume(master);

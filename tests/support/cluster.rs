@@ -42,7 +42,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{free_port, lock, read_from, RedisServer, ServerOptions};
@@ -273,29 +272,6 @@ fn cluster_ok(port: u16, args: &[&str]) -> Result<(), String> {
     } else {
         Err(format!("node {port}: {what} answered {reply:?}"))
     }
-}
-
-/// Calls `check` every `POLL` until it returns `Ok`, at most `timeout` and at most
-/// `timeout / POLL + 1` times; `Err` carries the last reason it gave.
-fn poll_until<T>(
-    timeout: Duration,
-    mut check: impl FnMut() -> Result<T, String>,
-) -> Result<T, String> {
-    let deadline = Instant::now() + timeout;
-    let max_polls = timeout.as_millis() / POLL.as_millis() + 1;
-    let mut last = String::from("never checked");
-    for _ in 0..max_polls {
-        match check() {
-            Ok(value) => return Ok(value),
-            Err(why) => last = why,
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        thread::sleep(POLL.min(deadline - now));
-    }
-    Err(last)
 }
 
 // ---------------------------------------------------------------------------
@@ -950,14 +926,14 @@ impl ClusterSet {
         step().unwrap_or_else(|why| panic!("{what}: {why}\n{}", self.logs()))
     }
 
-    /// [`poll_until`] that panics with the logs on timeout.
+    /// [`poll`] that panics with the logs on timeout.
     fn wait<T>(
         &self,
         what: &str,
         timeout: Duration,
         check: impl FnMut() -> Result<T, String>,
     ) -> T {
-        poll_until(timeout, check).unwrap_or_else(|why| {
+        poll(timeout, check).unwrap_or_else(|why| {
             panic!(
                 "timed out after {timeout:?} waiting for {what}: {why}\n{}",
                 self.logs()
@@ -1085,4 +1061,9 @@ impl ClusterSet {
         }
         Ok(agreed)
     }
+}
+
+/// [`poll_until`](super::poll_until) every [`POLL`].
+fn poll<T>(timeout: Duration, check: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    super::poll_until(timeout, POLL, check)
 }

@@ -57,6 +57,30 @@ const INSTALL_HINT: &str = "set REDIS_SERVER_BIN or install it: \
 
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
 
+/// Calls `check` every `poll` until it returns `Ok`, at most `timeout` and at most
+/// `timeout / poll + 1` times; `Err` carries the last reason it gave.
+pub fn poll_until<T>(
+    timeout: Duration,
+    poll: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let max_polls = timeout.as_millis() / poll.as_millis().max(1) + 1;
+    let mut last = String::from("never checked");
+    for _ in 0..max_polls {
+        match check() {
+            Ok(value) => return Ok(value),
+            Err(why) => last = why,
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        thread::sleep(poll.min(deadline - now));
+    }
+    Err(last)
+}
+
 /// Creates a fresh, empty directory under `std::env::temp_dir()` whose name is
 /// unique across threads and processes (pid + counter + nanos).
 pub fn unique_temp_dir(prefix: &str) -> PathBuf {

@@ -31,8 +31,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[cfg(feature = "tls")]
 use super::tls::{Ca, CertFiles};
@@ -265,29 +264,6 @@ fn is_master(port: u16, access: &Access) -> Result<bool, String> {
         == Some("master"))
 }
 
-/// Calls `check` every [`POLL`] until it returns `Ok`, at most `timeout` and at most
-/// `timeout / POLL + 1` times; `Err` carries the last reason it gave.
-fn poll_until<T>(
-    timeout: Duration,
-    mut check: impl FnMut() -> Result<T, String>,
-) -> Result<T, String> {
-    let deadline = Instant::now() + timeout;
-    let max_polls = timeout.as_millis() / POLL.as_millis() + 1;
-    let mut last = String::from("never checked");
-    for _ in 0..max_polls {
-        match check() {
-            Ok(value) => return Ok(value),
-            Err(why) => last = why,
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        thread::sleep(POLL.min(deadline - now));
-    }
-    Err(last)
-}
-
 /// The last [`LOG_TAIL_LINES`] lines of `<dir>/redis.log` (and any stdout/stderr), headed by `name`.
 fn log_tail_of(name: &str, dir: &Path) -> String {
     let log = read_from(&dir.join("redis.log"), 0);
@@ -489,7 +465,7 @@ impl SentinelSetBuilder {
             set.servers.push(replica);
         }
         // Replicas first: a sentinel learns the replicas from the master's first INFO.
-        if let Err(why) = poll_until(SETTLE_TIMEOUT, || set.replication_settled(master_port)) {
+        if let Err(why) = poll(SETTLE_TIMEOUT, || set.replication_settled(master_port)) {
             panic!(
                 "sentinel set-up: replication to master {master_port} not settled within \
                  {SETTLE_TIMEOUT:?}: {why}\n{}",
@@ -505,7 +481,7 @@ impl SentinelSetBuilder {
         for _ in 0..SENTINELS {
             set.sentinels.push(Sentinel::start(&settings));
         }
-        if let Err(why) = poll_until(SETTLE_TIMEOUT, || set.ready(master_port)) {
+        if let Err(why) = poll(SETTLE_TIMEOUT, || set.ready(master_port)) {
             panic!(
                 "sentinel set-up: not ready within {SETTLE_TIMEOUT:?}: {why}\n{}",
                 set.logs()
@@ -640,7 +616,7 @@ impl SentinelSet {
     /// reconfigures it (about 10 s): [`SentinelSet::wait_settled`] waits for that.
     pub fn failover(&self) -> u16 {
         let from = self.master_port();
-        let accepted = poll_until(FAILOVER_RETRY, || {
+        let accepted = poll(FAILOVER_RETRY, || {
             let (i, sentinel) = self
                 .sentinels
                 .iter()
@@ -680,7 +656,7 @@ impl SentinelSet {
     /// Polls the live sentinels until one reports a master other than `from_port` and that
     /// server's `INFO replication` says `role:master`; returns its port. Panics after `timeout`.
     pub fn wait_for_switch(&self, from_port: u16, timeout: Duration) -> u16 {
-        let switched = poll_until(timeout, || {
+        let switched = poll(timeout, || {
             let mut reasons = Vec::new();
             for (i, sentinel) in self.sentinels.iter().enumerate() {
                 if !sentinel.is_live() {
@@ -718,7 +694,7 @@ impl SentinelSet {
     /// `INFO replication` lists exactly those replicas as online, and every live sentinel lists
     /// each of them as a replica that is not down. Panics after `timeout`.
     pub fn wait_settled(&self, timeout: Duration) {
-        if let Err(why) = poll_until(timeout, || self.settled()) {
+        if let Err(why) = poll(timeout, || self.settled()) {
             panic!(
                 "sentinel set not settled within {timeout:?}: {why}\n{}",
                 self.logs()
@@ -930,4 +906,9 @@ fn replica_of(server: &RedisServer, master_port: u16) {
             )
         });
     assert!(reply.starts_with("OK"), "REPLICAOF answered {reply:?}");
+}
+
+/// [`poll_until`](super::poll_until) every [`POLL`].
+fn poll<T>(timeout: Duration, check: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    super::poll_until(timeout, POLL, check)
 }
