@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant};
 use crate::guard::LockGuard;
 use crate::key::LockKeys;
+use crate::listener;
 use crate::locks::Locks;
 use crate::metrics::{self, How, Since};
 use crate::options::LockOptions;
@@ -191,6 +192,17 @@ impl Locks {
                     }
                     Acquire::Held(pttl) => {
                         ticket.refused();
+                        if let Some(wake) = self.sharded.as_ref().and_then(|s| s.watch(keys.tag()))
+                        {
+                            // Its master's thread may be waiting for messages only: one wakes
+                            // it to subscribe now. Unheard, it subscribes within a second.
+                            let woken = self
+                                .pools
+                                .run_until(&wake, deadline, |con, _| listener::wake(con, &wake));
+                            if let Err(e) = woken {
+                                log::debug!("fencelock: waking a shard listener failed: {e}");
+                            }
+                        }
                         // A key without expiry was not set by fencelock; look again a lease later.
                         // Never later than a handoff's lease: the holder may meanwhile have
                         // handed the lock to a waiter ahead of us that died, whose grant runs out

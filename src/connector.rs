@@ -133,6 +133,14 @@ impl Connector {
         }
     }
 
+    /// Something says a cluster's map is out of date (a slot left the node we subscribed on):
+    /// ask for it again before the next call. Nothing for other shapes.
+    pub(crate) fn map_suspect(&self) {
+        if let Shape::Cluster(cluster) = &self.shape {
+            cluster.suspect();
+        }
+    }
+
     /// Whether a reply that took `took` may come from a cluster master that was frozen while its
     /// replica took over (see [`cluster::SLOW_REPLY`]). Never for other shapes.
     pub(crate) fn suspect_reply(&self, took: Duration) -> bool {
@@ -234,6 +242,22 @@ impl Connector {
             (Shape::Cluster(cluster), node) => {
                 cluster.connect(node, connect_timeout, response_timeout)
             }
+        }
+    }
+
+    /// A new RESP3 connection to cluster node `node` (see [`cluster::Cluster::connect_pushing`]),
+    /// as [`connect`](Connector::connect) otherwise; a plain connection for other shapes.
+    pub(crate) fn connect_pushing(
+        &self,
+        node: Node,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> redis::RedisResult<redis::Connection> {
+        match &self.shape {
+            Shape::Cluster(cluster) => {
+                cluster.connect_pushing(node, connect_timeout, response_timeout)
+            }
+            _ => self.connect(node, connect_timeout, response_timeout),
         }
     }
 

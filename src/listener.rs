@@ -7,6 +7,10 @@
 //! every head of a local queue to attempt again, and an attempt that finds the lock already its
 //! own takes it.
 
+mod sharded;
+
+pub(crate) use sharded::{wake, Sharded};
+
 use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -110,7 +114,7 @@ impl Listener<'_> {
                 Ok(msg) => {
                     heard = Instant::now();
                     match waiters.upgrade() {
-                        Some(w) => self.deliver(&w, msg.get_payload_bytes()),
+                        Some(w) => deliver(&w, self.prefix, msg.get_payload_bytes()),
                         None => return Ok(()),
                     }
                     false
@@ -140,31 +144,30 @@ impl Listener<'_> {
             }
         }
     }
+}
 
-    /// Delivers a handoff `"<token> <owner> <tag>"` if `owner` is one of ours. A waiter that left
-    /// meanwhile took itself out of Redis' queue, releasing what reached it, so an undeliverable
-    /// handoff needs nothing more.
-    fn deliver(&self, waiters: &Waiters, payload: &[u8]) {
-        let Ok(message) = std::str::from_utf8(payload) else {
-            log::debug!("fencelock: ignoring a non-UTF-8 release message");
-            return;
-        };
-        let mut parts = message.splitn(3, ' ');
-        let (Some(token), Some(owner), Some(tag)) = (parts.next(), parts.next(), parts.next())
-        else {
-            log::debug!("fencelock: ignoring a malformed release message");
-            return;
-        };
-        if !owner.starts_with(self.prefix) {
-            return;
-        }
-        let Some(token) = token.parse().ok().filter(|t| *t > 0) else {
-            log::debug!("fencelock: ignoring a release message without a token");
-            return;
-        };
-        if !waiters.deliver_handoff(tag, owner, FencingToken::new(token)) {
-            log::debug!("fencelock: a handoff reached a waiter that had left");
-        }
+/// Delivers a handoff `"<token> <owner> <tag>"` if `owner` is one of ours. A waiter that left
+/// meanwhile took itself out of Redis' queue, releasing what reached it, so an undeliverable
+/// handoff needs nothing more.
+fn deliver(waiters: &Waiters, prefix: &str, payload: &[u8]) {
+    let Ok(message) = std::str::from_utf8(payload) else {
+        log::debug!("fencelock: ignoring a non-UTF-8 release message");
+        return;
+    };
+    let mut parts = message.splitn(3, ' ');
+    let (Some(token), Some(owner), Some(tag)) = (parts.next(), parts.next(), parts.next()) else {
+        log::debug!("fencelock: ignoring a malformed release message");
+        return;
+    };
+    if !owner.starts_with(prefix) {
+        return;
+    }
+    let Some(token) = token.parse().ok().filter(|t| *t > 0) else {
+        log::debug!("fencelock: ignoring a release message without a token");
+        return;
+    };
+    if !waiters.deliver_handoff(tag, owner, FencingToken::new(token)) {
+        log::debug!("fencelock: a handoff reached a waiter that had left");
     }
 }
 

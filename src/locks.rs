@@ -6,7 +6,8 @@
 //!
 //! - `acquire.rs`: a lock call — attempt, wait in the key's local queue, take a grant;
 //! - `release.rs`: release, handoff to the next waiter, explicit extend;
-//! - `renewal.rs`, `listener.rs`: the two threads that serve every grant of the client.
+//! - `renewal.rs`, `listener.rs`: the threads that serve every grant and waiter of the client
+//!   (two, and on a cluster one more per master with waited keys: `listener/sharded.rs`).
 //!
 //! Lock order: the local queues (`wait.rs`), a grant's lease state and the renewal inbox are each
 //! taken alone, never one inside another, except that the local queues' lock is held while a
@@ -27,7 +28,7 @@ use crate::config::Config;
 use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::{release_channel, LockKeys};
-use crate::listener;
+use crate::listener::{self, Sharded};
 use crate::pools::Pools;
 use crate::release::Later;
 use crate::renewal::{self, Renewal};
@@ -41,6 +42,8 @@ pub(crate) struct Locks {
     pub(crate) next_owner: AtomicU64,
     pub(crate) pools: Arc<Pools>,
     pub(crate) waiters: Arc<Waiters>,
+    /// On a cluster, the subscriptions to the channels of the keys our waiters wait on.
+    pub(crate) sharded: Option<Sharded>,
     pub(crate) renewal: Renewal,
     pub(crate) next_grant: AtomicU64,
     /// The background thread for releases no caller waits for (`release.rs`), started at its
@@ -57,6 +60,14 @@ impl Locks {
         // One random id per client, a counter per lock call: owner ids never repeat, cost no
         // system call each, and name the channel on which handoffs to this client come.
         let client_id = Uuid::new_v4().simple().to_string();
+        // On a cluster, an id starting with 's' tells a release to hand over on the key's shard
+        // channel (`listener/sharded.rs`) rather than broadcast to every node. Clients of
+        // versions without it get classic messages, and so does this one from them.
+        let client_id = if connector.routes() {
+            format!("s{client_id}")
+        } else {
+            client_id
+        };
         let owner_prefix = format!("{client_id}:");
         listener::spawn(
             Arc::clone(&connector),
@@ -66,6 +77,17 @@ impl Locks {
             Arc::downgrade(&waiters),
         )
         .map_err(thread_error)?;
+        let sharded = connector.routes().then(|| {
+            Sharded::new(
+                Arc::clone(&connector),
+                &config.namespace,
+                &client_id,
+                owner_prefix.clone(),
+                config.connection_timeout,
+                config.response_timeout,
+                Arc::downgrade(&waiters),
+            )
+        });
         let renewal = renewal::spawn(
             Arc::clone(&connector),
             config.lease,
@@ -85,6 +107,7 @@ impl Locks {
             owner_prefix,
             next_owner: AtomicU64::new(0),
             waiters,
+            sharded,
             renewal,
             next_grant: AtomicU64::new(0),
             later: OnceLock::new(),

@@ -4,7 +4,8 @@
 //! ```text
 //! LockGuard::unlock / drop ─► release ─► hand_over ─► release.lua ─► the next waiter:
 //!                                                     ours: a wake on its ticket (wait.rs)
-//!                                                     another client's: PUBLISH (listener.rs)
+//!                                                     another client's: PUBLISH (listener.rs),
+//!                                                     on a cluster SPUBLISH (listener/sharded.rs)
 //! ```
 
 use std::sync::Arc;

@@ -303,6 +303,11 @@ impl Waiters {
         }
     }
 
+    /// Whether a waiter of ours waits for `tag`.
+    pub(crate) fn waits_on(&self, tag: &str) -> bool {
+        self.queues().contains_key(tag)
+    }
+
     /// Handoffs may have gone unheard: wake every head.
     pub(crate) fn wake_all_heads(&self) {
         for head in self.queues().values().filter_map(|q| q.slots.front()) {

@@ -6,8 +6,10 @@
 //!   The CPU that the client and all the nodes spend per job says what limits the figure on a
 //!   machine where they share the cores.
 //! - **Wake-ups**: H handoffs to a waiter of another client blocked in `lock()`: the latency,
-//!   and what the release's `PUBLISH` costs each node (the cluster bus carries it to every node,
-//!   whichever serves the key).
+//!   and what the release's `SPUBLISH` costs each node; then H scripts that publish the same
+//!   message on the key's master, with a classic `PUBLISH` (which the cluster bus carries to
+//!   every node, whichever serves the key) and with `SPUBLISH` (which stays in the key's
+//!   shard), and what each costs the other nodes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::Topology;
 
-use crate::measure::{process_cpu, self_cpu};
+use crate::measure::{process_cpu, self_cpu, self_pid, task_cpu, tasks};
 use crate::params::Params;
 use crate::report::{fmt_d, section, Report};
 use crate::server::builder;
@@ -264,4 +266,73 @@ fn handoffs(set: &ClusterSet, p: &Params, r: &mut Report, masters: usize) {
             format!("{}, {}", fmt_d(owner_cpu), others.join(" / "))
         },
     );
+    // The waiting client's shard thread, idle while one of its waiters waits: it reads with a
+    // short timeout, to take up new keys at once.
+    let guard = holder.lock(key).expect("lock");
+    let w = waiter.clone();
+    let blocked = thread::spawn(move || drop(w.lock(key).expect("waiter lock")));
+    thread::sleep(Duration::from_millis(500));
+    let shard_threads = || -> Duration {
+        tasks(self_pid())
+            .iter()
+            .filter(|(_, name)| name == "fencelock-shard")
+            .map(|(tid, _)| task_cpu(self_pid(), *tid))
+            .sum()
+    };
+    let (from, at) = (shard_threads(), Instant::now());
+    thread::sleep(Duration::from_secs(2));
+    let idle = shard_threads().saturating_sub(from).as_secs_f64() / at.elapsed().as_secs_f64();
+    drop(guard);
+    blocked.join().expect("waiter");
+    r.info(
+        B,
+        &format!("{masters} master(s): CPU of the waiting client's shard thread while it waits"),
+        format!("{:.3}% of a core", 100.0 * idle),
+    );
+    if masters > 1 {
+        for command in ["PUBLISH", "SPUBLISH"] {
+            let costs = publish_cost(set, owner, key, command, n);
+            r.info(
+                B,
+                &format!(
+                    "{masters} master(s): CPU of each other node per {command} of a handoff's message"
+                ),
+                costs.iter().map(|d| fmt_d(*d)).collect::<Vec<_>>().join(" / "),
+            );
+        }
+    }
+}
+
+/// What `n` scripts on the master at `owner`, each publishing a handoff-sized message with
+/// `command` on a channel in `key`'s slot, cost each other node, per message, less idle.
+fn publish_cost(set: &ClusterSet, owner: u16, key: &str, command: &str, n: usize) -> Vec<Duration> {
+    let script = format!("return redis.call('{command}', KEYS[1], ARGV[1])");
+    let channel = format!("bench:released:{{{key}}}:s00000000000000000000000000000000");
+    let message = format!("{} s00000000000000000000000000000000:1 {key}", u64::MAX / 2);
+    let mut con = set.connection(set.index_of_port(owner));
+    let started = Instant::now();
+    let before = nodes_cpu(set);
+    for _ in 0..n {
+        let _: i64 = redis::cmd("EVAL")
+            .arg(&script)
+            .arg(1)
+            .arg(&channel)
+            .arg(&message)
+            .query(&mut con)
+            .expect("publish");
+        // Spaced as handoffs are: messages sent back to back share the bus's reads and writes.
+        thread::sleep(Duration::from_millis(1));
+    }
+    let after = nodes_cpu(set);
+    let idle_from = nodes_cpu(set);
+    thread::sleep(started.elapsed());
+    let idle_to = nodes_cpu(set);
+    (0..after.len())
+        .filter(|i| set.port_of(*i) != owner)
+        .map(|i| {
+            let busy = after[i].saturating_sub(before[i]);
+            let idle = idle_to[i].saturating_sub(idle_from[i]);
+            busy.saturating_sub(idle) / n as u32
+        })
+        .collect()
 }

@@ -417,6 +417,11 @@ impl Cluster {
         self.suspect.store(true, Ordering::Relaxed);
     }
 
+    /// Ask for the map before the next call.
+    pub(crate) fn suspect(&self) {
+        self.suspect.store(true, Ordering::Relaxed);
+    }
+
     /// Whether a connection to `node` failed since the map was last asked for.
     pub(crate) fn failed_since_refresh(&self, node: Node) -> bool {
         let map = self.read();
@@ -437,9 +442,38 @@ impl Cluster {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<redis::Connection> {
+        self.connect_as(node, connect_timeout, response_timeout, false)
+    }
+
+    /// A new connection to `node` that speaks RESP3, where pub/sub messages and confirmations
+    /// are push messages: redis-rs skips a reply that once timed out, but never a push.
+    pub(crate) fn connect_pushing(
+        &self,
+        node: Node,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<redis::Connection> {
+        self.connect_as(node, connect_timeout, response_timeout, true)
+    }
+
+    fn connect_as(
+        &self,
+        node: Node,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        resp3: bool,
+    ) -> RedisResult<redis::Connection> {
         let client = {
             let map = self.read();
             match map.nodes.get(node.0 as usize) {
+                Some(entry) if resp3 => {
+                    let info = entry.client.get_connection_info().clone();
+                    let settings = info
+                        .redis_settings()
+                        .clone()
+                        .set_protocol(redis::ProtocolVersion::RESP3);
+                    redis::Client::open(info.set_redis_settings(settings))?
+                }
                 Some(entry) => entry.client.clone(),
                 None => {
                     return Err(RedisError::from((

@@ -30,7 +30,10 @@
 --                                      ARGV[1], up to the ':'), "<token> <owner> <tag>" is
 --                                      published on "<namespace>:released:<client>", the
 --                                      owner's client (its id up to the ':'), namespace and tag
---                                      read off the lock key "<namespace>:lock:{<tag>}". When the
+--                                      read off the lock key "<namespace>:lock:{<tag>}"; for a
+--                                      client whose id starts with 's' (one on a cluster), on
+--                                      Redis 7.0 or later, with SPUBLISH on the shard channel
+--                                      "<namespace>:released:{<tag>}:<client>" instead. When the
 --                                      queue's waiter is served, ARGV[4] joins the back of the
 --                                      queue.
 --
@@ -78,9 +81,15 @@ while true do
         -- Concatenated, not string.format('%s'): that stops at a NUL, which keys may hold.
         local message = token .. ' ' .. next .. ' ' .. tag
         local client = string.match(next, '^[^:]*')
-        -- The lock is handed over already: a PUBLISH refused (an ACL without the channel)
+        -- The lock is handed over already: a publish refused (an ACL without the channel)
         -- must not fail the release; the waiter finds the lock at its next attempt.
-        redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
+        if string.sub(client, 1, 1) == 's' and (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
+          -- A client on a cluster listens on a channel of its own in the key's slot: only this
+          -- shard hears it, where a PUBLISH would go to every node.
+          redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
+        else
+          redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
+        end
       end
       return {2, token, next, lease}
     end
