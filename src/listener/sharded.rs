@@ -13,12 +13,12 @@
 //! | event | what it does |
 //! |---|---|
 //! | [`Sharded::watch`] of a key new to us (a waiter of ours was refused) | `SSUBSCRIBE` its channel; if the thread waits for messages only (below), the waiter wakes it with an empty message on a channel it listens to |
-//! | every subscription confirmed | waits for messages up to a [`HEARTBEAT`] at a time, not [`POLL`] |
+//! | waiting for messages | up to a [`HEARTBEAT`], or until a confirmation or a retry is due |
 //! | `ssubscribe` confirmed | wakes the key's head: a handoff published before went unheard |
 //! | `smessage` | delivers the handoff to the waiter it names |
 //! | `sunsubscribe` not asked for (the slot left the node) | map suspect; subscribes where the slot is now |
 //! | `MOVED` for an `SSUBSCRIBE` | the map learns; subscribes on the node named |
-//! | no confirmation in the response timeout (`TRYAGAIN`, `CLUSTERDOWN`, an unseen error) | map suspect; subscribes where it names, after a growing pause if that is here |
+//! | no confirmation in a second, or the response timeout if shorter (`TRYAGAIN`, `CLUSTERDOWN`, an unseen error) | map suspect; subscribes where it names, after a growing pause if that is here |
 //! | the map names another master for a key (checked every [`HEARTBEAT`]) | unsubscribes; subscribes there |
 //! | connection lost, or a quiet [`HEARTBEAT`] and a subscription confirmed again not answered in the response timeout | map suspect; subscribes every key again, each where the map has it |
 //! | no waiter of ours for a key for [`LINGER`] | `SUNSUBSCRIBE` |
@@ -43,10 +43,13 @@ use crate::wait::Waiters;
 /// How often a node's thread checks its keys' routes and lingering, and pings a quiet
 /// connection; how long a thread without keys waits for one before it ends.
 const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long a node's thread waits for a reply while a subscription awaits its confirmation.
-/// Once every one is confirmed, it waits up to a [`HEARTBEAT`], and a key new to it comes with a
+/// The shortest wait for a message, and the wait while new keys are queued. Otherwise a node's
+/// thread waits until something is due, up to a [`HEARTBEAT`], and a key new to it comes with a
 /// message on one of its channels (see [`Sharded::watch`]) to wake it.
 const POLL: Duration = Duration::from_millis(10);
+/// A subscription not confirmed by then was refused (or its node is slow): the map is asked for
+/// again, and it goes where the map says (the response timeout, if shorter).
+const CONFIRM_WITHIN: Duration = Duration::from_secs(1);
 /// A key with no waiter of ours keeps its subscription this long, so that a key contended now
 /// and then does not subscribe and unsubscribe every time.
 const LINGER: Duration = Duration::from_secs(5);
@@ -54,6 +57,11 @@ const LINGER: Duration = Duration::from_secs(5);
 /// between reconnections.
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause before a subscription that went unconfirmed is sent again (a user whose
+/// ACL lacks `SSUBSCRIBE`: releases then publish classically, as nobody hears them sharded).
+const MAX_UNCONFIRMED_PAUSE: Duration = Duration::from_secs(10);
+/// How long a master found older than Redis 7.0 goes without shard subscriptions.
+const RECHECK_OLD: Duration = Duration::from_secs(60);
 
 /// The client's subscriptions to its keys' shard channels. Cheap to call for a key already
 /// watched: one map lookup under a mutex.
@@ -83,9 +91,12 @@ struct Routes {
     /// A confirmed channel of each node's thread, while it waits long for messages: a message
     /// on it wakes the thread.
     wakes: HashMap<Node, String>,
-    /// A server older than Redis 7.0 (no sharded pub/sub): its releases publish classically,
-    /// and so will the rest of the cluster's.
-    unsupported: bool,
+    /// Masters found older than Redis 7.0 (no sharded pub/sub), and when: their releases
+    /// publish classically, so their keys are not subscribed to for [`RECHECK_OLD`] (a rolling
+    /// upgrade may replace them).
+    old: HashMap<Node, Instant>,
+    /// A subscription went unconfirmed again and again, and that was reported.
+    warned: bool,
 }
 
 impl Sharded {
@@ -121,10 +132,17 @@ impl Sharded {
     pub(crate) fn watch(&self, tag: &str) -> Option<String> {
         let shared = &self.shared;
         let mut routes = shared.routes();
-        if routes.unsupported || routes.keys.contains_key(tag) {
+        if routes.keys.contains_key(tag) {
             return None;
         }
         let node = shared.connector.node_of_key(&shared.channel(tag));
+        if routes
+            .old
+            .get(&node)
+            .is_some_and(|at| at.elapsed() < RECHECK_OLD)
+        {
+            return None;
+        }
         let wake = routes.wakes.get(&node).cloned();
         shared.assign(&mut routes, tag.to_owned(), node);
         wake
@@ -278,22 +296,27 @@ impl NodeThread {
 
     /// Connects if need be, sends what is due, reads one message (or waits [`POLL`] for one).
     fn step(&mut self) -> redis::RedisResult<()> {
-        if self.con.is_none() && !self.connect()? {
-            return Ok(());
-        }
         let now = Instant::now();
         let response_timeout = self.shared.response_timeout;
-        if now.duration_since(self.checked) >= HEARTBEAT {
+        let heartbeat = now.duration_since(self.checked) >= HEARTBEAT;
+        if heartbeat {
+            // Connected or not: keys whose waiters left, or that moved, go all the same.
             self.checked = now;
             self.check_routes();
             self.linger(now);
-            if self.probe.is_none() && now.duration_since(self.heard) >= HEARTBEAT {
-                // Confirming a subscription again answers with a push, as a PING would not.
-                if let Some(tag) = self.subs.iter().find(|(_, s)| s.confirmed).map(|(t, _)| t) {
-                    let tag = tag.clone();
-                    self.send("SSUBSCRIBE", &tag)?;
-                    self.probe = Some(now);
-                }
+            if self.subs.is_empty() {
+                return Ok(());
+            }
+        }
+        if self.con.is_none() && !self.connect()? {
+            return Ok(());
+        }
+        if heartbeat && self.probe.is_none() && now.duration_since(self.heard) >= HEARTBEAT {
+            // Confirming a subscription again answers with a push, as a PING would not.
+            if let Some(tag) = self.subs.iter().find(|(_, s)| s.confirmed).map(|(t, _)| t) {
+                let tag = tag.clone();
+                self.send("SSUBSCRIBE", &tag)?;
+                self.probe = Some(now);
             }
         }
         if self
@@ -305,13 +328,15 @@ impl NodeThread {
                 "no answer on a shard subscription's connection",
             )));
         }
+        // A live node confirms at once; an error reply may have gone unseen (see the type).
+        let confirm_within = response_timeout.min(CONFIRM_WITHIN);
         let unconfirmed: Vec<String> = self
             .subs
             .iter()
             .filter(|(_, s)| {
                 !s.confirmed
                     && s.sent
-                        .is_some_and(|at| now.duration_since(at) >= response_timeout)
+                        .is_some_and(|at| now.duration_since(at) >= confirm_within)
             })
             .map(|(tag, _)| tag.clone())
             .collect();
@@ -367,8 +392,13 @@ impl NodeThread {
             connect_timeout,
             shared.response_timeout,
         )?;
-        // Asked before any read has timed out: no reply is skipped yet.
-        let info: String = redis::cmd("INFO").arg("server").query(&mut con)?;
+        // Asked before any read has timed out: no reply is skipped yet. A user that may not ask
+        // (an ACL without INFO) is taken to have a server that knows sharded pub/sub.
+        let info = match redis::cmd("INFO").arg("server").query::<String>(&mut con) {
+            Ok(info) => info,
+            Err(e) if e.code().is_some() && !e.is_io_error() => String::new(),
+            Err(e) => return Err(e),
+        };
         let major = info
             .lines()
             .find_map(|l| l.strip_prefix("redis_version:"))
@@ -376,7 +406,7 @@ impl NodeThread {
         if major.is_some_and(|m| m < 7) {
             // Releases on such a server publish classically: nothing to subscribe to.
             let mut routes = shared.routes();
-            routes.unsupported = true;
+            routes.old.insert(self.node, Instant::now());
             for tag in self.subs.keys() {
                 routes.keys.remove(tag);
             }
@@ -394,24 +424,40 @@ impl NodeThread {
         Ok(true)
     }
 
-    /// Waits long for messages once every subscription stands, and says where a message wakes
-    /// the thread; short while one awaits its confirmation, to look for it in time.
+    /// How long the next read waits: until something is due (a subscription to send again, a
+    /// confirmation's deadline, the next heartbeat), at most a [`HEARTBEAT`]; [`POLL`] while new
+    /// keys wait in the queue. Says where a message wakes the thread meanwhile.
     fn choose_read_timeout(&mut self) -> redis::RedisResult<()> {
-        let settled = {
+        let now = Instant::now();
+        let confirm_within = self.shared.response_timeout.min(CONFIRM_WITHIN);
+        let due = self
+            .subs
+            .values()
+            .filter_map(|s| match s.sent {
+                None => Some(s.not_before.unwrap_or(now)),
+                Some(at) if !s.confirmed => Some(at + confirm_within),
+                Some(_) => None,
+            })
+            .chain([self.checked + HEARTBEAT])
+            .min()
+            .unwrap_or(now);
+        let timeout = {
             let mut routes = self.shared.routes();
-            // Keys are sent under this lock: one sent when no channel was named to wake us on
+            // Keys are sent under this lock: one sent before a channel was named to wake us on
             // is in the queue now, and keeps the wait short.
-            let settled = self.subs.values().all(|s| s.confirmed) && self.rx.is_empty();
+            let timeout = if self.rx.is_empty() {
+                due.saturating_duration_since(now).clamp(POLL, HEARTBEAT)
+            } else {
+                POLL
+            };
             let current = routes
                 .wakes
                 .get(&self.node)
                 .and_then(|c| self.shared.tag_of(c));
             let valid = current.is_some_and(|t| self.subs.get(t).is_some_and(|s| s.confirmed));
-            if !settled {
-                routes.wakes.remove(&self.node);
-            } else if !valid {
-                match self.subs.keys().next() {
-                    Some(tag) => {
+            if !valid {
+                match self.subs.iter().find(|(_, s)| s.confirmed) {
+                    Some((tag, _)) => {
                         let channel = self.shared.channel(tag);
                         routes.wakes.insert(self.node, channel);
                     }
@@ -420,9 +466,8 @@ impl NodeThread {
                     }
                 }
             }
-            settled
+            timeout
         };
-        let timeout = if settled { HEARTBEAT } else { POLL };
         if timeout != self.read_timeout {
             if let Some(con) = &self.con {
                 con.set_read_timeout(Some(timeout))?;
@@ -486,10 +531,14 @@ impl NodeThread {
             // slot left this node.
             PushKind::SUnsubscribe if self.subs.get(&tag).is_some_and(|s| s.confirmed) => {
                 self.subs.remove(&tag);
-                self.shared.connector.map_suspect();
-                self.shared
-                    .connector
-                    .refresh(self.shared.connection_timeout);
+                // The map asked of the other masters first: the one that answers first may not
+                // know of the move yet, and a MOVED to our SSUBSCRIBE here may go unseen.
+                let _ = self.shared.connector.still_serves(
+                    &channel,
+                    self.node,
+                    self.shared.connection_timeout,
+                    None,
+                );
                 self.reroute(vec![tag], None);
             }
             _ => {}
@@ -539,12 +588,16 @@ impl NodeThread {
             } else if let Some(sub) = self.subs.get_mut(&tag) {
                 sub.sent = None;
                 sub.unconfirmed += 1;
-                let pause = FIRST_PAUSE * 2u32.saturating_pow(sub.unconfirmed.min(10));
-                sub.not_before = Some(now + pause.min(MAX_PAUSE));
-                if sub.unconfirmed == 3 {
-                    log::debug!(
-                        "fencelock: the subscription to {:?} goes unconfirmed (an ACL without \
-                         the channel pattern '&<namespace>:released:*'?)",
+                let pause = FIRST_PAUSE * 2u32.saturating_pow(sub.unconfirmed.min(12));
+                sub.not_before = Some(now + pause.min(MAX_UNCONFIRMED_PAUSE));
+                if sub.unconfirmed == 3
+                    && !std::mem::replace(&mut self.shared.routes().warned, true)
+                {
+                    log::warn!(
+                        "fencelock: the server does not confirm the subscription to {:?}, so \
+                         handoffs to this client are published to every node of the cluster \
+                         (does the ACL user lack SSUBSCRIBE, or the channel pattern \
+                         '&<namespace>:released:*'?)",
                         self.shared.channel(&tag)
                     );
                 }
@@ -636,10 +689,22 @@ impl NodeThread {
         self.shared
             .connector
             .refresh(self.shared.connection_timeout);
-        let tags: Vec<String> = self.subs.drain().map(|(tag, _)| tag).collect();
-        // Keys that stay here are subscribed again on the next connection; the heads of the
-        // others are woken by their new node's confirmation.
-        self.reroute(tags, None);
+        // Keys that stay here (lingering as they were) are subscribed again on the next
+        // connection; the heads of the others are woken by their new node's confirmation.
+        for sub in self.subs.values_mut() {
+            sub.sent = None;
+            sub.confirmed = false;
+        }
+        let moved: Vec<String> = self
+            .subs
+            .keys()
+            .filter(|tag| self.shared.connector.node_of_key(&self.shared.channel(tag)) != self.node)
+            .cloned()
+            .collect();
+        for tag in &moved {
+            self.subs.remove(tag);
+        }
+        self.reroute(moved, None);
     }
 
     /// Ends the thread if no key came for it meanwhile.

@@ -33,7 +33,8 @@
 --                                      read off the lock key "<namespace>:lock:{<tag>}"; for a
 --                                      client whose id starts with 's' (one on a cluster), on
 --                                      Redis 7.0 or later, with SPUBLISH on the shard channel
---                                      "<namespace>:released:{<tag>}:<client>" instead. When the
+--                                      "<namespace>:released:{<tag>}:<client>" instead, unless
+--                                      no subscriber of this node heard it. When the
 --                                      queue's waiter is served, ARGV[4] joins the back of the
 --                                      queue.
 --
@@ -83,11 +84,15 @@ while true do
         local client = string.match(next, '^[^:]*')
         -- The lock is handed over already: a publish refused (an ACL without the channel)
         -- must not fail the release; the waiter finds the lock at its next attempt.
+        local heard = 0
         if string.sub(client, 1, 1) == 's' and (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
           -- A client on a cluster listens on a channel of its own in the key's slot: only this
           -- shard hears it, where a PUBLISH would go to every node.
-          redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
-        else
+          heard = redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
+        end
+        if type(heard) ~= 'number' or heard == 0 then
+          -- Nobody heard it here (its subscription not made yet, or made on the node a migrating
+          -- slot is leaving): every client also listens on its classic channel.
           redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
         end
       end
