@@ -213,6 +213,21 @@ byte nrep;             /* number of grants reported */
 
 #define MAX(x, y) ((x) > (y) -> (x) : (y))
 
+/* Dead requests. A confirm or extend of attempt a of client c pending on node k can only do
+ * something if the lock key there is that attempt's, now or once its acquire runs. When neither
+ * can be any more it is dropped (and an extend is not sent), so that states differing in such
+ * requests only are one. Not with NO_CONFIRM_CHECK or REUSE_OWNER, where they still act. */
+#if defined(NO_CONFIRM_CHECK) || defined(REUSE_OWNER)
+#define LIVE(c, a, k) true
+#define KEY_GONE(k) skip
+#else
+#define LIVE(c, a, k) (lock[k] == OWNER(c, a) || (pend[(c) * N + (k)] & BIT(ACQ, a)))
+/* lock[k] is about to lose its owner */
+#define KEY_GONE(k) \
+  pend[((lock[k] - 1) / A) * N + (k)] = \
+    pend[((lock[k] - 1) / A) * N + (k)] & ~(BIT(CNF, (lock[k] - 1) % A) | BIT(EXT, (lock[k] - 1) % A))
+#endif
+
 /* Sends a request of the current attempt of client c to every node that is up (a node that is
  * down refuses the connection: the request is lost). */
 inline send_all(c, kind) {
@@ -220,7 +235,8 @@ inline send_all(c, kind) {
   do
   :: k < N ->
      if
-     :: !down[k] -> pend[c * N + k] = pend[c * N + k] | BIT(kind, att[c])
+     :: !down[k] && (kind != EXT || LIVE(c, att[c], k)) ->
+        pend[c * N + k] = pend[c * N + k] | BIT(kind, att[c])
      :: else -> skip
      fi;
      k++
@@ -299,6 +315,10 @@ inline check_me() {
 #endif
 }
 
+/* The clients are alike, so a run in which client c + 1 starts before client c is the mirror
+ * of one in which c starts first: only the latter are explored (symmetry reduction). */
+#define STARTED_BEFORE(c) (c == 0 || att[c - 1] > 0 || st[c - 1] != IDLE)
+
 /* A client: the state table of the header. */
 proctype client(byte c)
 {
@@ -307,7 +327,7 @@ end:
   do
   /* IDLE -> P1: start an attempt. */
   :: d_step {
-       st[c] == IDLE && att[c] < A ->
+       st[c] == IDLE && att[c] < A && STARTED_BEFORE(c) ->
        okb[c] = 0;
        low[c] = maxrep;
 #ifdef TIMED
@@ -448,7 +468,11 @@ inline acquire(a, keep) {
      :: fence[k] > 0 -> t = fence[k]
      :: else -> mint(k, t)
      fi
-  :: else -> t = 0
+  :: else ->
+     t = 0;
+#if !defined(NO_CONFIRM_CHECK) && !defined(REUSE_OWNER)
+     TAKE(EXT, a);   /* dead: the key will not be ours */
+#endif
   fi;
   if
   :: keep && t > 0 && st[c] == P1 && att[c] == a ->
@@ -497,16 +521,18 @@ inline extend(a, keep) {
 
 
 /* Node k runs the requests of client c, pending ones in any order (one connection or several).
- * Every choice is an alternative of its own: attempt, clock lead, reply lost or not. */
+ * Every choice is an alternative of its own: which request, reply lost or not. */
 #define RUN_ACQ(a) \
   :: d_step { PENDING(ACQ, a) -> acquire(a, true) } \
   :: d_step { PENDING(ACQ, a) -> acquire(a, false) }
+/* A lost reply to confirm or extend is not an alternative of its own: the node does the same,
+ * and a client that sees fewer replies has no move it lacks when it sees them all (it may give
+ * up, or end the round, at any time; a quorum it reaches later it also has then). A lost reply
+ * to acquire is one: it changes T and where the confirms go. */
 #define RUN_CNF(a) \
-  :: d_step { PENDING(CNF, a) -> confirm(a, true) } \
-  :: d_step { PENDING(CNF, a) -> confirm(a, false) }
+  :: d_step { PENDING(CNF, a) -> confirm(a, true) }
 #define RUN_EXT(a) \
-  :: d_step { PENDING(EXT, a) -> extend(a, true) } \
-  :: d_step { PENDING(EXT, a) -> extend(a, false) }
+  :: d_step { PENDING(EXT, a) -> extend(a, true) }
 
 proctype conn(byte c; byte k)
 {
@@ -545,9 +571,10 @@ proctype node(byte k)
   byte i;
 end:
   do
-  /* The lease runs out (TIMED: not before kexp; else at any time). */
+  /* The lease runs out (TIMED: not before ke[k] ticks; else at any time). */
   :: d_step {
        lock[k] != 0 && EXPIRED(k) ->
+       KEY_GONE(k);
        lock[k] = 0
 #ifdef TIMED
        ; ke[k] = 0
@@ -556,6 +583,7 @@ end:
   /* release.lua of an attempt that is over: compare and delete. */
   :: d_step {
        lock[k] != 0 && !down[k] && RELEASED(lock[k]) ->
+       KEY_GONE(k);
        lock[k] = 0
 #ifdef TIMED
        ; ke[k] = 0
