@@ -119,7 +119,8 @@
  *   NO_VALIDITY (the client does not check the validity and counts the lease from the
  *   report), REUSE_OWNER (one owner id for all the attempts of a client).
  *   REACH=n asserts that fewer than n grants are reported: it must fail, to show that runs
- *   with n grants exist and the properties are not true for want of grants.
+ *   with n grants exist and the properties are not true for want of grants. REACH_RENEW
+ *   asserts that no renewal holds the lock longer: it must fail too.
  */
 
 #ifndef N
@@ -139,7 +140,7 @@
 #endif
 #ifdef TIMED
 #ifndef L
-#define L 2
+#define L 3
 #endif
 #ifndef D
 #define D 1
@@ -181,7 +182,7 @@ byte fence[N];         /* fence counter, 0: absent */
 byte floor[N];         /* what the clock is known to be past (restart rule (a)); 0 before a crash */
 bool down[N];          /* crashed, not yet restarted */
 byte crashes = CRASHES;
-byte bumps = BUMPS;      /* clock leads left (see node) */
+byte bumps = BUMPS;    /* counter bumps left (see node) */
 #ifdef TIMED
 byte ke[N];            /* ticks until the lease of lock[k] may run out (0: it may now) */
 #endif
@@ -271,7 +272,7 @@ inline count_ok(c, n) {
   :: else -> skip \
   fi
 
-/* Gives up the current attempt (or the grant): release everywhere, next attempt. */
+/* Gives up the current attempt (or the grant): the release it sends is RELEASED (node). */
 inline give_up(c) {
   okb[c] = 0;
   gmax[c] = 0;
@@ -421,7 +422,11 @@ end:
        st[c] == RENEWING ->
        count_ok(c, n);
        if
-       :: n >= Q -> cdl[c] = MAX(cdl[c], rnd[c]); rnd[c] = 0; okb[c] = 0; st[c] = HOLD; check_me()
+       :: n >= Q ->
+#ifdef REACH_RENEW
+          assert(rnd[c] <= cdl[c]);   /* must fail: a renewal that holds the lock longer */
+#endif
+          cdl[c] = MAX(cdl[c], rnd[c]); rnd[c] = 0; okb[c] = 0; st[c] = HOLD; check_me()
        :: else -> skip
        fi;
        n = 0
