@@ -6,80 +6,28 @@
 
 mod support;
 
-use std::collections::HashSet;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fencelock::{LockClient, Topology};
+use fencelock::LockClient;
 use support::cluster::ClusterSet;
+use support::wake::{
+    all_channels, await_subscription_of, client, lock_key, subscribed_on, UNHEARD,
+};
 use support::{command_calls, ms, poll_until};
-
-const NAMESPACE: &str = "wake";
-
-/// A waiter that hears nothing attempts again this long after it was refused at the latest (a
-/// handoff's lease), so a wake-up sooner than [`UNHEARD`] was heard.
-const UNHEARD: Duration = Duration::from_secs(5);
-
-fn client(seeds: Vec<String>) -> LockClient {
-    LockClient::builder(Topology::cluster(seeds))
-        .namespace(NAMESPACE)
-        // Long enough that nothing expires on its own within a test.
-        .lease(Duration::from_secs(30))
-        .connection_timeout(ms(1000))
-        .response_timeout(ms(1000))
-        .build()
-        .unwrap()
-}
-
-fn lock_key(key: &str) -> String {
-    format!("{NAMESPACE}:lock:{{{key}}}")
-}
-
-/// The shard channels with a subscriber on node `i`.
-fn shard_channels_on(set: &ClusterSet, i: usize) -> HashSet<String> {
-    let mut con = set.connection(i);
-    redis::cmd("PUBSUB")
-        .arg("SHARDCHANNELS")
-        .arg(format!("{NAMESPACE}:released:*"))
-        .query(&mut con)
-        .unwrap()
-}
-
-/// Waits until a subscription for `key` stands on the master at `port`, whatever else stands.
-fn await_subscription_of(set: &ClusterSet, key: &str, port: u16, within: Duration) {
-    let i = set.index_of_port(port);
-    let found = poll_until(within, ms(5), || {
-        let channels = shard_channels_on(set, i);
-        if channels.iter().any(|c| c.contains(&format!("{{{key}}}"))) {
-            Ok(())
-        } else {
-            Err(format!("{channels:?}"))
-        }
-    });
-    if let Err(channels) = found {
-        panic!("no subscription for {key:?} on {port} within {within:?}: {channels}");
-    }
-}
 
 /// Waits until the waiter's subscription for `key` stands on the master at `port`, and on no
 /// other node.
 fn await_subscription(set: &ClusterSet, key: &str, port: u16, within: Duration) {
-    let nodes = set.node_ports().len();
-    let on = |i: usize| {
-        shard_channels_on(set, i)
-            .iter()
-            .any(|c| c.contains(&format!("{{{key}}}")))
-    };
     let found = poll_until(within, ms(20), || {
-        if (0..nodes).all(|i| on(i) == (set.port_of(i) == port)) {
+        let alone = set
+            .node_ports()
+            .into_iter()
+            .all(|p| subscribed_on(set, key, p) == (p == port));
+        if alone {
             Ok(())
         } else {
-            Err(format!(
-                "{:?}",
-                (0..nodes)
-                    .map(|i| (set.port_of(i), shard_channels_on(set, i)))
-                    .collect::<Vec<_>>()
-            ))
+            Err(all_channels(set))
         }
     });
     if let Err(channels) = found {

@@ -14,12 +14,8 @@ use std::time::{Duration, Instant};
 
 use fencelock::{LockClient, Topology};
 use support::cluster::ClusterSet;
+use support::wake::{await_subscription_of, client, lock_key, subscribed_on, NAMESPACE, UNHEARD};
 use support::{ms, poll_until};
-
-const NAMESPACE: &str = "wake";
-
-/// A waiter that hears nothing attempts again this long after it was refused at the latest.
-const UNHEARD: Duration = Duration::from_secs(5);
 
 /// One test at a time: a test's count of shard threads must not see another test's clients.
 /// Those of the test before end within a heartbeat of its clients being dropped.
@@ -36,52 +32,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         panic!("shard threads of an earlier test still run: {left}");
     }
     one
-}
-
-fn client(seeds: Vec<String>) -> LockClient {
-    LockClient::builder(Topology::cluster(seeds))
-        .namespace(NAMESPACE)
-        .lease(Duration::from_secs(30))
-        .connection_timeout(ms(1000))
-        .response_timeout(ms(1000))
-        .build()
-        .unwrap()
-}
-
-fn lock_key(key: &str) -> String {
-    format!("{NAMESPACE}:lock:{{{key}}}")
-}
-
-fn shard_channels_on(set: &ClusterSet, i: usize) -> HashSet<String> {
-    let mut con = set.connection(i);
-    redis::cmd("PUBSUB")
-        .arg("SHARDCHANNELS")
-        .arg(format!("{NAMESPACE}:released:*"))
-        .query(&mut con)
-        .unwrap()
-}
-
-fn subscribed_on(set: &ClusterSet, key: &str, port: u16) -> bool {
-    shard_channels_on(set, set.index_of_port(port))
-        .iter()
-        .any(|c| c.contains(&format!("{{{key}}}")))
-}
-
-fn await_subscription_of(set: &ClusterSet, key: &str, port: u16, within: Duration) {
-    if let Err(e) = poll_until(within, ms(5), || {
-        if subscribed_on(set, key, port) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{:?}",
-                (0..set.node_ports().len())
-                    .map(|i| (set.port_of(i), shard_channels_on(set, i)))
-                    .collect::<Vec<_>>()
-            ))
-        }
-    }) {
-        panic!("no subscription for {key:?} on {port} within {within:?}: {e}");
-    }
 }
 
 fn wait_for(

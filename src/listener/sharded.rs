@@ -135,7 +135,7 @@ impl Sharded {
         if routes.keys.contains_key(tag) {
             return None;
         }
-        let node = shared.connector.node_of_key(&shared.channel(tag));
+        let node = shared.node_of(tag);
         if routes
             .old
             .get(&node)
@@ -162,6 +162,11 @@ impl Shared {
 
     fn channel(&self, tag: &str) -> String {
         format!("{}{tag}{}", self.head, self.tail)
+    }
+
+    /// The master of `tag`'s slot, as the map has it.
+    fn node_of(&self, tag: &str) -> Node {
+        self.connector.node_of_key(&self.channel(tag))
     }
 
     fn slot(&self, tag: &str) -> u16 {
@@ -577,12 +582,7 @@ impl NodeThread {
         let now = Instant::now();
         let mut elsewhere = Vec::new();
         for tag in tags {
-            if self
-                .shared
-                .connector
-                .node_of_key(&self.shared.channel(&tag))
-                != self.node
-            {
+            if self.shared.node_of(&tag) != self.node {
                 self.subs.remove(&tag);
                 elsewhere.push(tag);
             } else if let Some(sub) = self.subs.get_mut(&tag) {
@@ -616,7 +616,7 @@ impl NodeThread {
             if routes.keys.get(&tag) != Some(&self.node) {
                 continue;
             }
-            let node = to.unwrap_or_else(|| shared.connector.node_of_key(&shared.channel(&tag)));
+            let node = to.unwrap_or_else(|| shared.node_of(&tag));
             if node == self.node {
                 self.subs.insert(tag, Sub::new());
             } else {
@@ -633,7 +633,7 @@ impl NodeThread {
         let moved: Vec<String> = self
             .subs
             .keys()
-            .filter(|tag| self.shared.connector.node_of_key(&self.shared.channel(tag)) != self.node)
+            .filter(|tag| self.shared.node_of(tag) != self.node)
             .cloned()
             .collect();
         if moved.is_empty() {
@@ -686,25 +686,13 @@ impl NodeThread {
         self.shared.connector.failed(self.node, 0, e);
         thread::sleep(self.pause);
         self.pause = (self.pause * 2).min(MAX_PAUSE);
-        self.shared
-            .connector
-            .refresh(self.shared.connection_timeout);
         // Keys that stay here (lingering as they were) are subscribed again on the next
         // connection; the heads of the others are woken by their new node's confirmation.
         for sub in self.subs.values_mut() {
             sub.sent = None;
             sub.confirmed = false;
         }
-        let moved: Vec<String> = self
-            .subs
-            .keys()
-            .filter(|tag| self.shared.connector.node_of_key(&self.shared.channel(tag)) != self.node)
-            .cloned()
-            .collect();
-        for tag in &moved {
-            self.subs.remove(tag);
-        }
-        self.reroute(moved, None);
+        self.check_routes();
     }
 
     /// Ends the thread if no key came for it meanwhile.

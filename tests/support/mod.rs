@@ -15,6 +15,7 @@ pub mod sentinel;
 pub mod soak;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod wake;
 pub mod workload;
 
 use std::ffi::OsString;
