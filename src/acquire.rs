@@ -37,7 +37,7 @@ impl Locks {
     /// not hold the key through a [`ReentrantGuard`](crate::ReentrantGuard). A plain guard may
     /// have moved to another thread, so holding one is no reason to refuse (see
     /// [`LockClient::lock`](crate::LockClient::lock)).
-    fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
+    pub(crate) fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
         let mut keys = LockKeys::new(&self.config.namespace, key)?;
         keys.set_idle_expiry(self.config.idle_expiry);
         options.validate()?;
@@ -57,7 +57,11 @@ impl Locks {
         key: &str,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        let (called, result) = (Since::now(), self.acquire_once_timed(key, options));
+        let called = Since::now();
+        let result = match &self.quorum {
+            Some(quorum) => self.acquire_quorum(quorum, key, None, options, true),
+            None => self.acquire_once_timed(key, options),
+        };
         metrics::acquired(&self.config.namespace, called, &result);
         result
     }
@@ -91,7 +95,11 @@ impl Locks {
         deadline: Option<Instant>,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        let (called, result) = (Since::now(), self.acquire_timed(key, deadline, options));
+        let called = Since::now();
+        let result = match &self.quorum {
+            Some(quorum) => self.acquire_quorum(quorum, key, deadline, options, false),
+            None => self.acquire_timed(key, deadline, options),
+        };
         metrics::acquired(&self.config.namespace, called, &result);
         result
     }
@@ -403,7 +411,7 @@ impl Locks {
     }
 
     /// Makes the guard of a grant and hands the grant to the renewal thread.
-    fn grant(self: &Arc<Self>, new: NewGrant) -> LockGuard {
+    pub(crate) fn grant(self: &Arc<Self>, new: NewGrant) -> LockGuard {
         let id = self.next_grant.fetch_add(1, Ordering::Relaxed);
         log::debug!(
             "fencelock: granted {:?} with token {}",
@@ -413,7 +421,11 @@ impl Locks {
         let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&self.waiters)));
         // The renewal thread outlives every guard, so this only fails if it died: then nothing
         // will renew this lease, and the holder must hear so now, not at the deadline.
-        if !self.renewal.hold(Arc::clone(&grant)) {
+        let held = match &self.quorum {
+            Some(quorum) => quorum.renewal.hold(Arc::clone(&grant)),
+            None => self.renewal.hold(Arc::clone(&grant)),
+        };
+        if !held {
             grant.mark_lost("the renewal thread is gone");
         }
         LockGuard::new(Arc::clone(self), grant)

@@ -438,6 +438,10 @@ fn run_locked<T, E: From<Error>>(
 /// A fenced store that shares the client's connections (its pool) and its namespace: one set of
 /// connections for the locks and the writes they guard.
 ///
+/// A client on a [quorum](Topology::quorum) of masters has no one server to store on: every
+/// call of such a store fails with [`Error::Rejected`]. Open the store with
+/// [`FencedRedis::open`] on the server that holds the data instead.
+///
 /// ```no_run
 /// # fn main() -> Result<(), fencelock::Error> {
 /// use fencelock::{FencedRedis, LockClient};

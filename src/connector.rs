@@ -16,6 +16,7 @@
 //! | one server | one, at its URL | nothing to learn: the caller retries and reconnects |
 //! | Sentinel (`sentinel.rs`) | one, the master the sentinels name | ask the sentinels again |
 //! | Cluster (`cluster.rs`) | a node per server, a key's node the master of its slot | a redirect moves the slot; a failure asks for the map again |
+//! | quorum | a node per master, every key on all of them (`quorum.rs` asks [`master`](Connector::master) for each) | nothing to learn: a master that fails counts as a refusal |
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,9 @@ enum Shape {
     Sentinel(sentinel::Sentinel),
     /// The masters of a Redis Cluster, each serving the keys of its slots. Boxed, as `Single`.
     Cluster(Box<cluster::Cluster>),
+    /// Independent masters that each hold every lock: `quorum.rs` connects to each by
+    /// [`master`](Connector::master). There is no one node to route a call to.
+    Quorum(Vec<redis::Client>),
 }
 
 /// What a reply from a cluster node says about where a command should go. Every one of them
@@ -88,6 +92,12 @@ impl Connector {
                 tls,
                 connection_timeout,
             )?)),
+            Kind::Quorum(spec) => Shape::Quorum(
+                spec.nodes
+                    .iter()
+                    .map(|url| client(url, tls))
+                    .collect::<Result<_>>()?,
+            ),
         };
         Ok(Connector { shape })
     }
@@ -101,7 +111,7 @@ impl Connector {
     /// The node that serves `key`, as far as is known now: nothing is asked.
     pub(crate) fn node_of_key(&self, key: &str) -> Node {
         match &self.shape {
-            Shape::Single(_) | Shape::Sentinel(_) => Node::SINGLE,
+            Shape::Single(_) | Shape::Sentinel(_) | Shape::Quorum(_) => Node::SINGLE,
             Shape::Cluster(cluster) => cluster.node_of_slot(slot(key.as_bytes())),
         }
     }
@@ -115,7 +125,7 @@ impl Connector {
         deadline: Option<Instant>,
     ) -> Result<Node> {
         match &self.shape {
-            Shape::Single(_) | Shape::Sentinel(_) => Ok(Node::SINGLE),
+            Shape::Single(_) | Shape::Sentinel(_) | Shape::Quorum(_) => Ok(Node::SINGLE),
             Shape::Cluster(cluster) => {
                 cluster.route(slot(key.as_bytes()), connection_timeout, deadline)
             }
@@ -216,7 +226,7 @@ impl Connector {
     pub(crate) fn epoch(&self, _node: Node) -> u64 {
         match &self.shape {
             // A cluster node is an address: a connection to it is never to another server.
-            Shape::Single(_) | Shape::Cluster(_) => 0,
+            Shape::Single(_) | Shape::Cluster(_) | Shape::Quorum(_) => 0,
             Shape::Sentinel(sentinel) => sentinel.epoch(),
         }
     }
@@ -242,6 +252,38 @@ impl Connector {
             (Shape::Cluster(cluster), node) => {
                 cluster.connect(node, connect_timeout, response_timeout)
             }
+            (Shape::Quorum(_), _) => Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a quorum of masters is no one server",
+                "open a fenced store (FencedRedis::open) on the server that holds the data".into(),
+            ))),
+        }
+    }
+
+    /// How many masters a quorum has; 0 for other shapes.
+    pub(crate) fn masters(&self) -> usize {
+        match &self.shape {
+            Shape::Quorum(masters) => masters.len(),
+            _ => 0,
+        }
+    }
+
+    /// A new connection to master `index` of a quorum (`index < masters()`), as
+    /// [`connect`](Connector::connect).
+    pub(crate) fn master(
+        &self,
+        index: usize,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> redis::RedisResult<redis::Connection> {
+        match &self.shape {
+            Shape::Quorum(masters) if index < masters.len() => {
+                open(&masters[index], connect_timeout, response_timeout)
+            }
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "no such quorum master",
+            ))),
         }
     }
 
@@ -284,6 +326,7 @@ impl Connector {
             }
             Shape::Sentinel(sentinel) => sentinel.failed(epoch, error),
             Shape::Cluster(cluster) => cluster.failed(node, error),
+            Shape::Quorum(_) => {}
         }
     }
 
@@ -293,7 +336,7 @@ impl Connector {
     pub(crate) fn not_master(&self, error: &redis::RedisError) -> bool {
         match &self.shape {
             // A cluster node that is not the master of a slot redirects instead.
-            Shape::Single(_) | Shape::Cluster(_) => false,
+            Shape::Single(_) | Shape::Cluster(_) | Shape::Quorum(_) => false,
             Shape::Sentinel(_) => sentinel::not_master(error),
         }
     }

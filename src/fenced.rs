@@ -445,13 +445,21 @@ impl FencedBuilder {
     /// # Errors
     /// [`Error::InvalidArgument`] naming the first setting that is out of range, or the URL if
     /// it does not parse, or TLS settings that do not parse or were given for a URL that is not
-    /// `rediss://`.
+    /// `rediss://`, or a [quorum](Topology::quorum) topology (a store is the one deployment that
+    /// holds the data).
     pub fn build(self) -> Result<FencedRedis> {
         let connector = Arc::new(Connector::open(
             &self.topology,
             &self.tls,
             self.connection_timeout,
         )?);
+        if connector.masters() > 0 {
+            return Err(Error::invalid(
+                "topology",
+                "a fenced store is the deployment that holds the data (one server, Sentinel or \
+                 Cluster), not a quorum of lock masters: open it there",
+            ));
+        }
         validate_namespace(&self.namespace)?;
         validate_connections(
             self.pool_size,

@@ -301,10 +301,10 @@
 //!   its own threads up to 8 times in a row, and a lock freed by a lease that ran out (a holder
 //!   that died) goes to whichever waiter looks first.
 //!
-//! fencelock talks to one Redis server, to the master that Redis Sentinel names, or to the masters
-//! of a Redis Cluster (see [`Topology`], and "Running on Sentinel" and "Running on Redis
-//! Cluster" in the [README] and [design.md]); a quorum of masters is not supported yet (the
-//! [README] lists it).
+//! fencelock talks to one Redis server, to the master that Redis Sentinel names, to the masters
+//! of a Redis Cluster, or to a quorum of independent masters, Redlock-style but with fencing
+//! tokens that never go back (see [`Topology`], and "Running on Sentinel", "Running on Redis
+//! Cluster" and "Running on a quorum of masters" in the [README] and [design.md]).
 //!
 //! # Further reading
 //!
@@ -352,6 +352,7 @@ mod metrics;
 mod options;
 mod pool;
 mod pools;
+mod quorum;
 mod reentrant;
 mod release;
 mod renewal;
@@ -373,7 +374,7 @@ pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;
-pub use crate::topology::{Topology, SENTINEL_PORT};
+pub use crate::topology::{Topology, QUORUM_MIN_NODES, SENTINEL_PORT};
 
 /// Re-exported so that `lost()` receivers can be used with `select!` without a direct
 /// dependency on crossbeam-channel.

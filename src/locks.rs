@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::key::{release_channel, LockKeys};
 use crate::listener::{self, Sharded};
 use crate::pools::Pools;
+use crate::quorum::Quorum;
 use crate::release::Later;
 use crate::renewal::{self, Renewal};
 use crate::wait::Waiters;
@@ -44,6 +45,8 @@ pub(crate) struct Locks {
     pub(crate) waiters: Arc<Waiters>,
     /// On a cluster, the subscriptions to the channels of the keys our waiters wait on.
     pub(crate) sharded: Option<Sharded>,
+    /// On a quorum of masters, what serves every lock call instead (`quorum.rs`).
+    pub(crate) quorum: Option<Quorum>,
     pub(crate) renewal: Renewal,
     pub(crate) next_grant: AtomicU64,
     /// The background thread for releases no caller waits for (`release.rs`), started at its
@@ -69,14 +72,27 @@ impl Locks {
             client_id
         };
         let owner_prefix = format!("{client_id}:");
-        listener::spawn(
-            Arc::clone(&connector),
-            release_channel(&config.namespace, &client_id),
-            owner_prefix.clone(),
-            config.connection_timeout,
-            Arc::downgrade(&waiters),
-        )
-        .map_err(thread_error)?;
+        let quorum = if connector.masters() > 0 {
+            Some(
+                Quorum::start(
+                    &connector,
+                    &config.namespace,
+                    config.connection_timeout,
+                    config.response_timeout,
+                )
+                .map_err(thread_error)?,
+            )
+        } else {
+            listener::spawn(
+                Arc::clone(&connector),
+                release_channel(&config.namespace, &client_id),
+                owner_prefix.clone(),
+                config.connection_timeout,
+                Arc::downgrade(&waiters),
+            )
+            .map_err(thread_error)?;
+            None
+        };
         let sharded = connector.routes().then(|| {
             Sharded::new(
                 Arc::clone(&connector),
@@ -108,6 +124,7 @@ impl Locks {
             next_owner: AtomicU64::new(0),
             waiters,
             sharded,
+            quorum,
             renewal,
             next_grant: AtomicU64::new(0),
             later: OnceLock::new(),

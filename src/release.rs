@@ -29,6 +29,9 @@ impl Locks {
         let lost = || Error::LockLost {
             key: grant.keys.user().to_owned(),
         };
+        if let Some(quorum) = &self.quorum {
+            return quorum.extend(grant, lease);
+        }
         if !grant.is_held() {
             return Err(lost());
         }
@@ -63,6 +66,11 @@ impl Locks {
     /// [`Unsent`](crate::pool::Unsent)). Failures are logged, never returned.
     pub(crate) fn release_on_drop(self: &Arc<Self>, grant: &Arc<Grant>) {
         let was_held = self.stop(grant);
+        if let Some(quorum) = &self.quorum {
+            // Each master's worker sends it; nobody waits.
+            quorum.release(&grant.keys, None);
+            return;
+        }
         let later = || Work::Release {
             grant: Arc::clone(grant),
             was_held,
@@ -142,6 +150,13 @@ impl Locks {
     pub(crate) fn force_unlock(&self, key: &str) -> Result<bool> {
         let mut keys = LockKeys::new(&self.config.namespace, key)?;
         keys.set_idle_expiry(self.config.idle_expiry);
+        if let Some(quorum) = &self.quorum {
+            let held = quorum.force_unlock(&keys)?;
+            if held {
+                log::warn!("fencelock: the lock on {key:?} was released by force");
+            }
+            return Ok(held);
+        }
         // This client's own waiters are served after Redis' queue, like any client's.
         let (released, _) =
             self.hand_over(&keys, &self.owner_prefix, Leaving::Forced, LOCAL_RUN)?;
@@ -157,13 +172,34 @@ impl Locks {
         let was_held = grant.is_held();
         metrics::held(&grant.keys, grant.granted_at);
         grant.end();
-        self.renewal.forget(grant.id);
+        match &self.quorum {
+            Some(quorum) => quorum.renewal.forget(grant.id),
+            None => self.renewal.forget(grant.id),
+        }
         was_held
     }
 
     /// The release in Redis of a grant already stopped here.
     fn give_back(&self, grant: &Grant, was_held: bool) -> Result<()> {
         let user = grant.keys.user();
+        if let Some(quorum) = &self.quorum {
+            let until = std::time::Instant::now() + self.config.response_timeout;
+            return match quorum.release(&grant.keys, Some(until)) {
+                Some(Ok(false)) => {
+                    grant.mark_lost("a majority of the masters no longer held it at release");
+                    Err(Error::LockLost {
+                        key: user.to_owned(),
+                    })
+                }
+                Some(Err(e)) => {
+                    log::warn!(
+                        "fencelock: releasing {user:?} failed, it expires with its lease: {e}"
+                    );
+                    Err(e)
+                }
+                Some(Ok(true)) | None => Ok(()),
+            };
+        }
         let (released, reply_lost) = match self.hand_over(
             &grant.keys,
             grant.keys.owner(),

@@ -63,6 +63,9 @@ impl Locks {
     /// repeated on a fresh connection if the pooled one turns out broken.
     pub(crate) fn status(&self, key: &str) -> Result<LockStatus> {
         let keys = LockKeys::new(&self.config.namespace, key)?;
+        if let Some(quorum) = &self.quorum {
+            return quorum.status(&keys);
+        }
         let status = self
             .pools
             .run(keys.lock(), |con, _| scripts::status(con, &keys))?;

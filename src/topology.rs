@@ -1,5 +1,5 @@
-//! What a client connects to: one server, the master that Redis Sentinel names, or a Redis
-//! Cluster.
+//! What a client connects to: one server, the master that Redis Sentinel names, a Redis
+//! Cluster, or a quorum of independent masters.
 
 use std::fmt;
 use std::str::FromStr;
@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 /// | `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master_name[/db][?sentinel_username=U&sentinel_password=P]` | the master named `master_name` by these sentinels (port 26379 unless given) |
 /// | `rediss+sentinel://...` | the same over TLS, to the sentinels and to the master (the `tls` feature) |
 /// | `redis+cluster://[[user]:password@]host[:port][,host[:port]...]` | a Redis Cluster that these seed nodes belong to (port 6379 unless given); `rediss+cluster://` over TLS |
+/// | `redis+quorum://[[user]:password@]host[:port],host[:port],host[:port][...][/db]` | a [quorum](Topology::quorum) of at least three independent masters, each with these credentials and database; `rediss+quorum://` over TLS |
 ///
 /// In the Sentinel form the user and password before the hosts are the *data nodes'* (the
 /// master's), as in most Redis clients; the sentinels' own, if they have any, go in the query.
@@ -66,7 +67,18 @@ pub(crate) enum Kind {
     Url(String),
     Sentinel(SentinelSpec),
     Cluster(ClusterSpec),
+    Quorum(QuorumSpec),
 }
+
+/// The independent masters of a quorum: `redis://` (or `rediss://`) URLs, each with its own
+/// credentials and database.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct QuorumSpec {
+    pub(crate) nodes: Vec<String>,
+}
+
+/// The fewest masters a quorum takes: with fewer, one master down stops every lock.
+pub const QUORUM_MIN_NODES: usize = 3;
 
 /// The seed nodes of a Redis Cluster: `redis://` (or `rediss://`) URLs, each with the
 /// credentials of the cluster's nodes. Every node found later is reached with the first seed's
@@ -179,6 +191,46 @@ impl Topology {
         }
     }
 
+    /// A quorum of independent Redis masters (`redis://[[user]:password@]host[:port][/db]`
+    /// each, at least [`QUORUM_MIN_NODES`], no replication between them): a lock is held while
+    /// a majority of them grant and renew it, so it outlives a minority of masters that are
+    /// down, frozen or cut off, with no failover at all.
+    ///
+    /// This is Redlock with fencing tokens that never go back: a grant's token is the largest
+    /// of the tokens its majority minted, written back to that majority before the grant is
+    /// reported, so any later grant (whose majority shares a master with it) mints a larger
+    /// one. Tokens rise as long as a master that lost its data stays down for longer than the
+    /// longest lease (see "Running on a quorum of masters" in the README and in
+    /// docs/design.md).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fencelock::{LockClient, Topology};
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = LockClient::builder(Topology::quorum([
+    ///         "redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003",
+    ///         "redis://127.0.0.1:7004", "redis://127.0.0.1:7005"]))
+    ///     .lease(Duration::from_secs(10))
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn quorum<I, S>(nodes: I) -> Topology
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Topology {
+            kind: Kind::Quorum(QuorumSpec {
+                nodes: nodes
+                    .into_iter()
+                    .map(|url| url.into().trim().to_owned())
+                    .collect(),
+            }),
+        }
+    }
+
     /// The password of the data nodes (the master and its replicas) of a Sentinel topology,
     /// when they want one (`requirepass`, or an ACL user's). Only for [`Topology::sentinel`]:
     /// a single server's password goes in its URL.
@@ -216,8 +268,9 @@ impl Topology {
                     self.kind = Kind::Sentinel(spec);
                 }
             },
-            Kind::Cluster(spec) => {
-                let mut misused = SentinelSpec::misused(spec.seeds.first().map_or("", |s| s));
+            Kind::Cluster(ClusterSpec { seeds: urls })
+            | Kind::Quorum(QuorumSpec { nodes: urls }) => {
+                let mut misused = SentinelSpec::misused(urls.first().map_or("", |s| s));
                 misused.misuse = Some(setter);
                 self.kind = Kind::Sentinel(misused);
             }
@@ -228,11 +281,18 @@ impl Topology {
     /// What to connect to, checked: a single server's URL, or a Sentinel set-up.
     pub(crate) fn resolve(&self) -> Result<Kind> {
         match &self.kind {
-            Kind::Url(url) => match (parse_sentinel_url(url), parse_cluster_url(url)) {
-                (Some(spec), _) => Ok(Kind::Sentinel(spec?)),
-                (None, Some(spec)) => Ok(Kind::Cluster(spec?)),
-                (None, None) => Ok(Kind::Url(url.clone())),
-            },
+            Kind::Url(url) => {
+                if let Some(spec) = parse_sentinel_url(url) {
+                    return Ok(Kind::Sentinel(spec?));
+                }
+                if let Some(spec) = parse_cluster_url(url) {
+                    return Ok(Kind::Cluster(spec?));
+                }
+                if let Some(spec) = parse_quorum_url(url) {
+                    return Ok(Kind::Quorum(spec?));
+                }
+                Ok(Kind::Url(url.clone()))
+            }
             Kind::Sentinel(spec) => {
                 spec.check()?;
                 Ok(Kind::Sentinel(spec.clone()))
@@ -240,6 +300,10 @@ impl Topology {
             Kind::Cluster(spec) => {
                 spec.check()?;
                 Ok(Kind::Cluster(spec.clone()))
+            }
+            Kind::Quorum(spec) => {
+                spec.check()?;
+                Ok(Kind::Quorum(spec.clone()))
             }
         }
     }
@@ -361,6 +425,76 @@ impl ClusterSpec {
     }
 }
 
+impl QuorumSpec {
+    fn check(&self) -> Result<()> {
+        let wrong = |why: String| Err(Error::invalid("topology", why));
+        if self.nodes.len() < QUORUM_MIN_NODES {
+            return wrong(format!(
+                "a quorum needs at least {QUORUM_MIN_NODES} masters, {} given (with fewer, \
+                 one master down stops every lock)",
+                self.nodes.len()
+            ));
+        }
+        let scheme = |url: &str| {
+            url.split_once("://")
+                .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        };
+        for url in &self.nodes {
+            if !matches!(scheme(url).as_deref(), Some("redis") | Some("rediss")) {
+                return wrong(format!(
+                    "the master {} is not a redis:// or rediss:// URL",
+                    crate::connector::shown(url)
+                ));
+            }
+            crate::connector::check(url)?;
+        }
+        if self
+            .nodes
+            .iter()
+            .any(|u| scheme(u) != scheme(&self.nodes[0]))
+        {
+            return wrong(
+                "some master URLs are rediss:// and some are not: TLS is all or nothing".into(),
+            );
+        }
+        // One server named twice would count twice towards a majority: with it down, so would
+        // be two of the N, and the quorum would ride out one master fewer than it says.
+        let mut seen: Vec<(String, String)> = Vec::with_capacity(self.nodes.len());
+        for url in &self.nodes {
+            let place = server_of(url);
+            if seen.contains(&place) {
+                return wrong(format!(
+                    "the master {}:{} is named twice: each must be a separate server (one named \
+                     twice counts twice towards a majority, up or down)",
+                    place.0, place.1
+                ));
+            }
+            seen.push(place);
+        }
+        Ok(())
+    }
+
+    /// Whether the masters are reached over TLS.
+    pub(crate) fn tls(&self) -> bool {
+        self.nodes
+            .first()
+            .is_some_and(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+    }
+}
+
+/// The host (lower case) and port (6379 when none is given) of a `redis://` URL.
+fn server_of(url: &str) -> (String, String) {
+    let host_port = host_port(url).to_ascii_lowercase();
+    match host_port.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+        Some((host, port)) => (
+            host.to_owned(),
+            port.parse::<u16>()
+                .map_or(port.to_owned(), |p| p.to_string()),
+        ),
+        None => (host_port, "6379".to_owned()),
+    }
+}
+
 impl From<&str> for Topology {
     /// A URL, parsed when the client is built.
     fn from(url: &str) -> Topology {
@@ -402,6 +536,11 @@ impl FromStr for Topology {
         if let Some(spec) = parse_cluster_url(url) {
             return Ok(Topology {
                 kind: Kind::Cluster(spec?),
+            });
+        }
+        if let Some(spec) = parse_quorum_url(url) {
+            return Ok(Topology {
+                kind: Kind::Quorum(spec?),
             });
         }
         crate::connector::check(url)?;
@@ -460,6 +599,45 @@ impl fmt::Display for Topology {
                     f.write_str(&host_port(url))?;
                 }
                 Ok(())
+            }
+            Kind::Quorum(spec) => {
+                // Each master may have credentials and a database of its own: the URL form
+                // when they share them, each URL without its password otherwise.
+                let shown: Vec<String> = spec
+                    .nodes
+                    .iter()
+                    .map(|u| crate::connector::shown(u))
+                    .collect();
+                let split = |u: &str| -> (String, String, String) {
+                    let rest = u.split_once("://").map_or(u, |(_, r)| r);
+                    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+                    let (authority, path) = rest.split_at(end);
+                    let (info, host) = match authority.rsplit_once('@') {
+                        Some((info, host)) => (format!("{info}@"), host.to_owned()),
+                        None => (String::new(), authority.to_owned()),
+                    };
+                    (info, host, path.trim_end_matches('/').to_owned())
+                };
+                let parts: Vec<_> = shown.iter().map(|u| split(u)).collect();
+                let shared = parts
+                    .iter()
+                    .all(|(info, _, path)| *info == parts[0].0 && *path == parts[0].2);
+                if !shared {
+                    return write!(f, "quorum({})", shown.join(", "));
+                }
+                let scheme = if spec.tls() {
+                    "rediss+quorum"
+                } else {
+                    "redis+quorum"
+                };
+                write!(f, "{scheme}://{}", parts[0].0)?;
+                for (i, (_, host, _)) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    f.write_str(host)?;
+                }
+                f.write_str(&parts[0].2)
             }
         }
     }
@@ -631,17 +809,61 @@ fn parse_sentinel_rest(url: &str, rest: &str, tls: bool) -> Result<SentinelSpec>
 /// Parses a `redis+cluster://` or `rediss+cluster://` URL; `None` for any other scheme.
 fn parse_cluster_url(url: &str) -> Option<Result<ClusterSpec>> {
     const FORM: &str = "expected redis+cluster://[[user]:password@]host[:port][,host[:port]...]";
+    let seeds = parse_hosts_url(url, "cluster", FORM, |after| match after {
+        "" | "/" => Ok(String::new()),
+        _ => Err(format!(
+            "unexpected {after:?} after the hosts (a cluster has database 0 only)"
+        )),
+    })?;
+    Some(seeds.and_then(|seeds| {
+        let spec = ClusterSpec { seeds };
+        spec.check().map(|()| spec)
+    }))
+}
+
+/// Parses a `redis+quorum://` or `rediss+quorum://` URL; `None` for any other scheme. The
+/// credentials and the database apply to every master.
+fn parse_quorum_url(url: &str) -> Option<Result<QuorumSpec>> {
+    const FORM: &str =
+        "expected redis+quorum://[[user]:password@]host[:port],host[:port],host[:port][...][/db]";
+    let nodes = parse_hosts_url(url, "quorum", FORM, |after| {
+        match after.trim_end_matches('/') {
+            "" => Ok(String::new()),
+            path => match path.strip_prefix('/').map(str::parse::<u32>) {
+                Some(Ok(db)) => Ok(format!("/{db}")),
+                _ => Err(format!("unexpected {after:?} after the hosts")),
+            },
+        }
+    })?;
+    Some(nodes.and_then(|nodes| {
+        let spec = QuorumSpec { nodes };
+        spec.check().map(|()| spec)
+    }))
+}
+
+/// Parses `redis+<kind>://[[user]:password@]host[:port][,host[:port]...]<path>` (or
+/// `rediss+<kind>://`) into one `redis://` (or `rediss://`) URL per host, each with the
+/// credentials and with what `path` makes of the part after the hosts (an error message if it
+/// refuses it); `None` for any other scheme. `form` ends every error message.
+fn parse_hosts_url(
+    url: &str,
+    kind: &str,
+    form: &str,
+    path: impl Fn(&str) -> std::result::Result<String, String>,
+) -> Option<Result<Vec<String>>> {
     let trimmed = url.trim();
     let (scheme, rest) = trimmed.split_once("://")?;
-    let tls = match scheme.to_ascii_lowercase().as_str() {
-        "redis+cluster" => false,
-        "rediss+cluster" => true,
+    let (plain, over_tls) = (format!("redis+{kind}"), format!("rediss+{kind}"));
+    let scheme = scheme.to_ascii_lowercase();
+    let tls = match scheme {
+        _ if scheme == plain => false,
+        _ if scheme == over_tls => true,
         _ => return None,
     };
     let wrong = |what: String| {
         Err(Error::invalid(
             "url",
-            format!("{}: {what}; {FORM}", crate::connector::shown(url)),
+            format!("{}: {what}; {form}", crate::connector::shown(url)),
         ))
     };
     if tls && !cfg!(feature = "tls") {
@@ -649,16 +871,16 @@ fn parse_cluster_url(url: &str) -> Option<Result<ClusterSpec>> {
     }
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, after) = rest.split_at(end);
-    if !after.is_empty() && after != "/" {
-        return Some(wrong(format!(
-            "unexpected {after:?} after the hosts (a cluster has database 0 only)"
-        )));
-    }
+    let suffix = match path(after) {
+        Ok(suffix) => suffix,
+        Err(what) => return Some(wrong(what)),
+    };
     let (user_info, hosts) = match authority.rsplit_once('@') {
         Some((info, hosts)) => (format!("{info}@"), hosts),
         None => (String::new(), authority),
     };
-    let mut seeds = Vec::new();
+    let scheme = if tls { "rediss" } else { "redis" };
+    let mut urls = Vec::new();
     for host in hosts.split(',') {
         if host.is_empty() {
             return Some(wrong("an empty host in the list".into()));
@@ -670,11 +892,9 @@ fn parse_cluster_url(url: &str) -> Option<Result<ClusterSpec>> {
                 )));
             }
         }
-        let scheme = if tls { "rediss" } else { "redis" };
-        seeds.push(format!("{scheme}://{user_info}{host}"));
+        urls.push(format!("{scheme}://{user_info}{host}{suffix}"));
     }
-    let spec = ClusterSpec { seeds };
-    Some(spec.check().map(|()| spec))
+    Some(Ok(urls))
 }
 
 /// Percent-decodes `s`.
@@ -876,6 +1096,46 @@ mod tests {
                 other => panic!("{t:?}: {:?}", other.is_ok()),
             }
         }
+    }
+
+    #[test]
+    fn parses_the_quorum_form() {
+        let t: Topology = "redis+quorum://:p%40ss@h1:1,h2,[::1]:3/2".parse().unwrap();
+        let Kind::Quorum(spec) = t.resolve().unwrap() else {
+            panic!("not quorum");
+        };
+        assert_eq!(
+            spec.nodes,
+            [
+                "redis://:p%40ss@h1:1/2",
+                "redis://:p%40ss@h2/2",
+                "redis://:p%40ss@[::1]:3/2"
+            ]
+        );
+        assert_eq!(t.to_string(), "redis+quorum://:***@h1:1,h2,[::1]:3/2");
+        let api = Topology::quorum(["redis://h1:1/", "redis://h2:2", "redis://h3:3"]);
+        assert_eq!(api.to_string(), "redis+quorum://h1:1,h2:2,h3:3");
+        let own = Topology::quorum(["redis://:a@h1:1", "redis://:b@h2:2", "redis://h3:3"]);
+        assert_eq!(
+            own.to_string(),
+            "quorum(redis://:***@h1:1, redis://:***@h2:2, redis://h3:3)"
+        );
+        for (url, says) in [
+            ("redis+quorum://h1:1,h2:2", "at least 3"),
+            ("redis+quorum://h1:1,h2:2,h1:1", "named twice"),
+            ("redis+quorum://h1,h1:6379,h3", "named twice"),
+            ("redis+quorum://H1:1,h1:01,h3", "named twice"),
+            ("redis+quorum://h1:x,h2,h3", "port"),
+            ("redis+quorum://h1,,h3", "empty host"),
+            ("redis+quorum://h1,h2,h3/x", "after the hosts"),
+        ] {
+            let e = url.parse::<Topology>().unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        let mixed = Topology::quorum(["redis://h:1", "rediss://h:2", "redis://h:3"]);
+        assert!(mixed.resolve().is_err());
+        let unix = Topology::quorum(["redis+unix:///s", "redis://h:2", "redis://h:3"]);
+        assert!(unix.resolve().is_err());
     }
 
     #[test]

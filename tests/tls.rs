@@ -304,3 +304,69 @@ fn bad_tls_settings_are_rejected_by_build() {
         .build()
         .unwrap();
 }
+
+/// A quorum of three masters over TLS (`rediss://` each, one set of TLS settings): a lock is
+/// granted by a majority, renewed, and a waiter of another client subscribes over TLS and gets
+/// the lock soon after the release.
+#[test]
+fn a_quorum_of_masters_locks_renews_and_wakes_over_tls() {
+    let ca = Ca::new("fencelock test CA");
+    let servers: Vec<TlsServer> = (0..3)
+        .map(|_| TlsServer::start(&ca, &ca.server(&["127.0.0.1"]), ClientCerts::NotAsked))
+        .collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.tls_url("127.0.0.1")).collect();
+    let quorum = |lease: Duration| {
+        LockClient::builder(fencelock::Topology::quorum(urls.clone()))
+            .namespace(NAMESPACE)
+            .lease(lease)
+            .connection_timeout(PATIENT)
+            .tls_root_certificates(ca.pem())
+            .build()
+            .unwrap()
+    };
+    let short = quorum(ms(300));
+    let renewed = short.lock("renewed").unwrap();
+    thread::sleep(ms(1200));
+    assert!(
+        renewed.is_held(),
+        "a 300 ms lease held 1.2 s over TLS was lost"
+    );
+    let held_on = servers
+        .iter()
+        .filter(|s| lock_pttl(&mut s.connection(), "renewed") > 0)
+        .count();
+    assert!(held_on >= 2, "held on {held_on} of 3 masters");
+    renewed.unlock().unwrap();
+
+    // With a 30 s lease only the release message wakes the waiter within the bound below.
+    let holder = quorum(ms(30_000));
+    let waiter = quorum(ms(30_000));
+    let guard = holder.lock("woken").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiting = thread::spawn(move || {
+        let got = waiter.lock("woken").map(|g| (g.token(), Instant::now()));
+        tx.send(()).unwrap();
+        got
+    });
+    // Past the refusal and its subscription, and past the first timers (20 ms, doubling).
+    thread::sleep(ms(1500));
+    assert!(rx.try_recv().is_err(), "the waiter got a held lock");
+    // The waiter's pattern subscriptions stand, over TLS, on every master.
+    for server in &servers {
+        let patterns: i64 = redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query(&mut server.connection())
+            .unwrap();
+        assert_eq!(
+            patterns, 1,
+            "the waiter's subscription is missing on a master"
+        );
+    }
+    let released = Instant::now();
+    let token = guard.token();
+    guard.unlock().unwrap();
+    let (next, granted) = waiting.join().unwrap().unwrap();
+    assert!(next > token);
+    let took = granted.duration_since(released);
+    assert!(took < ms(900), "the waiter took {took:?} after the release");
+}

@@ -53,15 +53,18 @@ pub struct Contention {
     per_thread: Vec<u64>,
     held: Duration,
     pub overlaps: u64,
-    /// EVALSHA and SET calls Redis saw during the run (all clients of the run).
+    /// EVALSHA, SET and PUBLISH calls the servers saw during the run (all clients of the run),
+    /// PUBLISH counting those made by scripts.
     evalsha: u64,
     set: u64,
+    publish: u64,
     /// CPU of this process's threads during the run, by group.
     threads: String,
 }
 
+/// `stats`: the servers whose calls are counted (summed), e.g. every master of a quorum.
 pub fn run_contention<L: Locker>(
-    server: &RedisServer,
+    stats: &[&RedisServer],
     lockers: Vec<L>,
     key: &str,
     critical: Duration,
@@ -123,9 +126,15 @@ pub fn run_contention<L: Locker>(
         handles.push(h);
     }
     ready.wait();
-    let mut stats = server.connection();
-    let commands = |stats: &mut redis::Connection| {
-        (command_calls(stats, "evalsha"), command_calls(stats, "set"))
+    let mut stats: Vec<redis::Connection> = stats.iter().map(|s| s.connection()).collect();
+    let commands = |stats: &mut [redis::Connection]| {
+        let mut calls = (0, 0, 0);
+        for con in stats {
+            calls.0 += command_calls(con, "evalsha");
+            calls.1 += command_calls(con, "set");
+            calls.2 += command_calls(con, "publish");
+        }
+        calls
     };
     let before = commands(&mut stats);
     let threads_before = ThreadCpu::snapshot();
@@ -144,6 +153,7 @@ pub fn run_contention<L: Locker>(
         overlaps: 0,
         evalsha: after.0 - before.0,
         set: after.1 - before.1,
+        publish: after.2 - before.2,
         threads: String::new(),
     };
     for h in handles {
@@ -160,10 +170,32 @@ pub fn run_contention<L: Locker>(
 }
 
 impl Contention {
+    /// Two runs of the same lockers as one: the counts added, the thread CPU of both.
+    pub fn merge(mut self, other: Contention) -> Contention {
+        self.elapsed += other.elapsed;
+        self.acquisitions += other.acquisitions;
+        self.waits.extend(other.waits);
+        self.waits.sort_unstable();
+        for (a, b) in self.per_thread.iter_mut().zip(other.per_thread) {
+            *a += b;
+        }
+        self.held += other.held;
+        self.overlaps += other.overlaps;
+        self.evalsha += other.evalsha;
+        self.set += other.set;
+        self.publish += other.publish;
+        self.threads = format!("{}; then {}", self.threads, other.threads);
+        self
+    }
+
     pub fn rate(&self) -> f64 {
         self.acquisitions as f64 / self.elapsed.as_secs_f64()
     }
-    fn utilization(&self) -> f64 {
+    /// PUBLISH calls (scripts' included) per acquisition.
+    pub fn publish_per_acquisition(&self) -> f64 {
+        self.publish as f64 / self.acquisitions.max(1) as f64
+    }
+    pub fn utilization(&self) -> f64 {
         self.held.as_secs_f64() / self.elapsed.as_secs_f64()
     }
     fn max_min(&self) -> (u64, u64) {
@@ -171,7 +203,7 @@ impl Contention {
         let min = self.per_thread.iter().copied().min().unwrap_or(0);
         (max, min)
     }
-    fn fairness(&self) -> f64 {
+    pub fn fairness(&self) -> f64 {
         let (max, min) = self.max_min();
         if min == 0 {
             f64::INFINITY
@@ -182,7 +214,7 @@ impl Contention {
     fn p99(&self) -> Duration {
         pct(&self.waits, 0.99)
     }
-    fn describe(&self, r: &mut Report, bench: &str, who: &str) {
+    pub fn describe(&self, r: &mut Report, bench: &str, who: &str) {
         let (max, min) = self.max_min();
         r.info(
             bench,
@@ -232,8 +264,12 @@ impl Contention {
     }
 }
 
-fn fencelock_lockers(url: &str, threads: usize, clients: usize) -> Vec<LockClient> {
-    let clients: Vec<LockClient> = (0..clients).map(|_| client(url)).collect();
+pub fn fencelock_lockers(url: &str, threads: usize, clients: usize) -> Vec<LockClient> {
+    spread((0..clients).map(|_| client(url)).collect(), threads)
+}
+
+/// `threads` lockers taken from `clients` in turn.
+pub fn spread(clients: Vec<LockClient>, threads: usize) -> Vec<LockClient> {
     (0..threads)
         .map(|i| clients[i % clients.len()].clone())
         .collect()
@@ -259,7 +295,7 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
 
     println!(" -- fencelock, with think time W");
     let fl = run_contention(
-        server,
+        &[server],
         fencelock_lockers(&url, t, c),
         "hot:1",
         s,
@@ -272,7 +308,7 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
         fmt_d(p.base_duration)
     );
     let base = run_contention(
-        server,
+        &[server],
         baseline_lockers(server, t),
         "hot:b1",
         s,
@@ -298,7 +334,7 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
 
     println!(" -- fencelock, no think time");
     let fl0 = run_contention(
-        server,
+        &[server],
         fencelock_lockers(&url, t, c),
         "hot:2",
         s,
@@ -315,7 +351,7 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
     );
     println!(" -- baseline, no think time ({})", fmt_d(p.base_duration));
     let base0 = run_contention(
-        server,
+        &[server],
         baseline_lockers(server, t),
         "hot:b2",
         s,
@@ -327,7 +363,7 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
     println!(" -- fencelock, 1 ms critical sections back to back");
     let ms1 = Duration::from_millis(1);
     let util = run_contention(
-        server,
+        &[server],
         fencelock_lockers(&url, t, c),
         "hot:3",
         ms1,

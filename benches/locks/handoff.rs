@@ -29,7 +29,7 @@ pub fn wait_for_attempt(stats: &mut redis::Connection, command: &str, before: u6
 /// waiter's `lock()` returning.
 ///
 /// Returns `(release-to-grant, the holder's unlock() alone)`.
-fn handoff_fencelock(
+pub fn handoff_fencelock(
     server: &RedisServer,
     holder: LockClient,
     waiter: LockClient,

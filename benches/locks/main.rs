@@ -47,6 +47,11 @@
 //! - `cluster`: the pool's lock + unlock rate on a Redis Cluster of 1, 2 and 3 masters beside
 //!   the `EVALSHA` rate of the same cluster, the CPU per job of the client and the nodes, and
 //!   handoffs to another client with what each node spends per handoff's `PUBLISH`;
+//! - `quorum`: quorum mode on 5 redis-servers (and on 3 of them): a no-op EVALSHA to all of
+//!   them in parallel (the unit there, "PR"), uncontended `lock` + `unlock` against it, beside the
+//!   same protocol on plain connections from one thread and a redsync-style Redlock (which has
+//!   no fencing token); T threads over C clients on one key (quorum, one server, Redlock); and
+//!   handoffs to a waiter of another client (quorum and one server);
 //! - `tls` (with `--features tls`): a new connection (connect, TLS handshake, PING) and
 //!   uncontended `lock` + `unlock` (U iterations) over TLS, each beside the same on the plain port
 //!   of one redis-server.
@@ -89,7 +94,8 @@
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
 //! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
-//!   `idle`, `pg`, `sentinel`, `cluster`, `tls`, and `baseline` (the hand-written lock they compare with).
+//!   `idle`, `pg`, `sentinel`, `cluster`, `quorum`, `tls`, and `baseline` (the hand-written lock
+//!   they compare with).
 
 mod baseline;
 mod cluster;
@@ -101,6 +107,7 @@ mod params;
 mod pg;
 mod pool;
 mod proxy;
+mod quorum;
 mod renewal;
 mod report;
 mod resp;
@@ -204,6 +211,9 @@ fn main() {
     }
     if p.selected("cluster") {
         cluster::run(&p, &mut r);
+    }
+    if p.selected("quorum") {
+        quorum::run(&p, &mut r);
     }
     if p.selected("tls") {
         #[cfg(feature = "tls")]

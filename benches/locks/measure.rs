@@ -262,24 +262,34 @@ fn clock_ticks_per_sec() -> f64 {
     }
 }
 
-/// What else ran on the machine: CPU used by processes other than this one and redis-server,
-/// and time stolen by the hypervisor, as shares of all CPUs.
+/// What else ran on the machine: CPU used by processes other than this one and the run's
+/// redis-servers, and time stolen by the hypervisor, as shares of all CPUs.
 pub struct Noise {
     at: Instant,
     jiffies: (u64, u64),
     ours: Duration,
     redis: Duration,
-    redis_pid: u32,
+    redis_pids: Vec<u32>,
+}
+
+/// CPU time of all the processes `pids` so far.
+pub fn processes_cpu(pids: &[u32]) -> Duration {
+    pids.iter().map(|pid| process_cpu(*pid)).sum()
 }
 
 impl Noise {
     pub fn start(redis_pid: u32) -> Noise {
+        Noise::start_all(&[redis_pid])
+    }
+
+    /// With several redis-servers of the run, all counted as the bench's.
+    pub fn start_all(redis_pids: &[u32]) -> Noise {
         Noise {
             at: Instant::now(),
             jiffies: machine_jiffies(),
             ours: self_cpu(),
-            redis: process_cpu(redis_pid),
-            redis_pid,
+            redis: processes_cpu(redis_pids),
+            redis_pids: redis_pids.to_vec(),
         }
     }
 
@@ -291,7 +301,7 @@ impl Noise {
         let busy = busy.saturating_sub(self.jiffies.0) as f64 / hz;
         let steal = steal.saturating_sub(self.jiffies.1) as f64 / hz;
         let ours = self_cpu().saturating_sub(self.ours).as_secs_f64();
-        let redis = process_cpu(self.redis_pid)
+        let redis = processes_cpu(&self.redis_pids)
             .saturating_sub(self.redis)
             .as_secs_f64();
         let others = (busy - ours - redis).max(0.0);

@@ -733,11 +733,11 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
                 .map(|i| clients[i % clients.len()].clone())
                 .collect()
         };
-        let fl = run_contention(server, lockers, &key, p.critical, p.think, p.duration);
+        let fl = run_contention(&[server], lockers, &key, p.critical, p.think, p.duration);
         assert_eq!(fl.overlaps, 0, "fencelock: overlapping holds");
         fl_rate.push(fl.rate());
         let lockers: Vec<Pg> = (0..p.threads).map(|_| Pg::connect(&url)).collect();
-        let pgc = run_contention(server, lockers, &key, p.critical, p.think, p.duration);
+        let pgc = run_contention(&[server], lockers, &key, p.critical, p.think, p.duration);
         assert_eq!(pgc.overlaps, 0, "PostgreSQL: overlapping holds");
         pg_rate.push(pgc.rate());
         println!(

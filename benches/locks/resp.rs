@@ -18,7 +18,7 @@ fn resp_line(b: &[u8], at: usize) -> Option<(i64, usize)> {
 }
 
 /// The end of one complete RESP value at `at`, or `None` if incomplete.
-fn resp_value(b: &[u8], at: usize) -> Option<usize> {
+pub fn resp_value(b: &[u8], at: usize) -> Option<usize> {
     match *b.get(at)? {
         b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => {
             let (_, next) = resp_line(b, at + 1)?;

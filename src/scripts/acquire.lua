@@ -8,7 +8,9 @@
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
 -- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
 -- ARGV[2]  lease      in milliseconds
--- ARGV[3]  '0': a single try, never queued; '1': a waiter's first attempt: join the queue if the
+-- ARGV[3]  '0': a single try, never queued; 'h': the same, and a refusal names the holder (quorum
+--          mode, which tells a majority holder from attempts that split the masters);
+--          '1': a waiter's first attempt: join the queue if the
 --          lock is held; '2': a waiter that may stand in the queue already: join or refresh its
 --          entry if the lock is held, take it out if granted
 -- ARGV[4]  idle       ms the fence counter outlives the clock's passing it, re-armed by every grant
@@ -19,6 +21,7 @@
 --                      re-armed (never shortened) and the current counter is returned: nobody
 --                      else can have been granted since.
 --          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry).
+--                      With ARGV[3] = 'h': {0, pttl, holder}.
 --                      A waiter's entry is made or refreshed to outlive its next unprompted
 --                      attempt, at the holder's expiry.
 local holder = redis.call('GET', KEYS[1])
@@ -42,6 +45,9 @@ if holder == ARGV[1] then
   return {1, token}
 end
 local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[3] == 'h' then
+  return {0, pttl, holder}
+end
 if ARGV[3] ~= '0' then
   enqueue(KEYS[3], KEYS[4], ARGV[1], ARGV[2], math.max(pttl, 0))
 end

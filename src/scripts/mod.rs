@@ -33,6 +33,17 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// The write-back of a quorum grant (`quorum.rs`).
+pub(crate) static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("grant.lua"),
+        include_str!("confirm.lua")
+    ))
+});
+/// A quorum master's release: compare-and-delete, then a message to waiting clients.
+pub(crate) static QUORUM_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("quorum_release.lua")));
+
 pub(crate) static STATUS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("status.lua")));
 
@@ -104,13 +115,44 @@ pub(crate) fn acquire(
             (reply, Some(redis::from_redis_value(acked)?))
         }
     };
+    Ok((acquired(reply, keys)?, acked))
+}
+
+/// The reply of one acquire call.
+pub(crate) fn acquired(reply: Value, keys: &LockKeys) -> RedisResult<Acquire> {
     let (granted, value): (i64, i64) = redis::from_redis_value(reply)?;
-    let acquire = match granted {
+    acquire_of(granted, value, keys)
+}
+
+fn acquire_of(granted: i64, value: i64, keys: &LockKeys) -> RedisResult<Acquire> {
+    Ok(match granted {
         1 => Acquire::Granted(token(value, keys)?),
         _ if value < 0 => Acquire::Held(None),
         _ => Acquire::Held(Some(Duration::from_millis(value.unsigned_abs()))),
+    })
+}
+
+/// The reply of one acquire call in the form that names the holder of a refusal (`'h'`): what
+/// it found, and the holder's owner id when refused.
+pub(crate) fn acquired_naming(
+    reply: Value,
+    keys: &LockKeys,
+) -> RedisResult<(Acquire, Option<String>)> {
+    let reply: Vec<Value> = redis::from_redis_value(reply)?;
+    let mut reply = reply.into_iter();
+    let (Some(granted), Some(value)) = (reply.next(), reply.next()) else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply from the acquire script",
+        )));
     };
-    Ok((acquire, acked))
+    let acquire = acquire_of(
+        redis::from_redis_value(granted)?,
+        redis::from_redis_value(value)?,
+        keys,
+    )?;
+    let holder = reply.next().map(redis::from_redis_value).transpose()?;
+    Ok((acquire, holder))
 }
 
 /// Whether a refused acquire joins the key's queue.
@@ -126,7 +168,7 @@ pub(crate) enum JoinQueue {
 }
 
 /// Appends `EVALSHA <sha> <keys> <args>` to `buf`.
-fn evalsha(buf: &mut Vec<u8>, script: &Script, keys: &[&str], args: &[Arg<'_>]) {
+pub(crate) fn evalsha(buf: &mut Vec<u8>, script: &Script, keys: &[&str], args: &[Arg<'_>]) {
     wire::array(buf, 3 + keys.len() + args.len());
     wire::arg(buf, Arg::Str("EVALSHA"));
     wire::arg(buf, Arg::Str(script.get_hash()));

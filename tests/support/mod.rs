@@ -11,6 +11,8 @@ pub mod cluster;
 pub mod faults;
 pub mod history;
 pub mod proxy;
+pub mod quorum;
+pub mod quorum_soak;
 pub mod sentinel;
 pub mod soak;
 #[cfg(feature = "tls")]

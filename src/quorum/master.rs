@@ -1,0 +1,316 @@
+//! One thread and one connection per master: what makes a quorum's requests parallel.
+//!
+//! A lock call hands each master's worker the same request and collects the replies on one
+//! channel, so the N round trips overlap and a call waits for the majority, never for the
+//! slowest master. A worker sends everything queued for its master as one pipeline, so threads
+//! calling at once share round trips instead of queueing for connections.
+//!
+//! | the master | the worker | the caller |
+//! |---|---|---|
+//! | answers | replies to each request on its caller's channel | counts the reply |
+//! | refuses the connection | fails the batch at once; waits 50 ms, doubling to 1 s, before connecting again, failing requests meanwhile | counts a refusal |
+//! | frozen, or cut off | waits a response timeout, drops the connection, fails the batch | counts a refusal once it stops waiting, at its own deadline |
+//! | answers after its caller gave up | a request whose caller stopped waiting is not sent | - |
+//!
+//! A request that reaches a frozen master may run when it wakes, late: the protocol allows for
+//! that (a late acquire holds a master's key until its lease runs out; a late confirm or extend
+//! does nothing unless the lock is still that attempt's).
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use redis::{RedisError, RedisResult, Script, Value};
+
+use crate::connector::Connector;
+use crate::scripts;
+use crate::wire::{self, Interrupted};
+
+/// The most requests one pipeline carries.
+const MAX_BATCH: usize = 256;
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// One request to one master.
+pub(crate) struct Request {
+    /// One `EVALSHA` call, packed (shared by the requests of one fan-out).
+    pub(crate) packed: Arc<Vec<u8>>,
+    /// Its script, loaded when a master answers NOSCRIPT.
+    pub(crate) script: &'static Script,
+    /// Not sent after this: nobody waits for the reply any more.
+    pub(crate) expires: Instant,
+    /// Where the reply goes, with `tag`.
+    pub(crate) reply: Sender<Reply>,
+    pub(crate) tag: u64,
+    /// Must not run twice (a forced release): never sent again.
+    pub(crate) once: bool,
+    /// Sent again on a new connection after the first broke under it: it may have run twice.
+    retried: bool,
+}
+
+/// One call for [`Masters::send`]: `packed` (a call of `script`), unsent after `expires`,
+/// answered on `reply` with `tag`.
+pub(crate) struct Call<'a> {
+    pub(crate) script: &'static Script,
+    pub(crate) packed: Vec<u8>,
+    pub(crate) expires: Instant,
+    pub(crate) reply: &'a Sender<Reply>,
+    pub(crate) tag: u64,
+    /// Must not run twice.
+    pub(crate) once: bool,
+}
+
+/// A master's reply to one request.
+pub(crate) struct Reply {
+    pub(crate) master: usize,
+    pub(crate) tag: u64,
+    pub(crate) result: RedisResult<Value>,
+    /// The request went twice (see [`Request`]): a `0` from a release may mean the first run
+    /// deleted the key.
+    pub(crate) retried: bool,
+}
+
+/// The sending end of each master's worker; the workers end when this is dropped.
+pub(crate) struct Masters {
+    workers: Vec<Sender<Request>>,
+}
+
+impl Masters {
+    /// Starts a worker per master of `connector`.
+    pub(crate) fn start(
+        connector: &Arc<Connector>,
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> std::io::Result<Masters> {
+        let mut workers = Vec::new();
+        for index in 0..connector.masters() {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let worker = Worker {
+                index,
+                connector: Arc::clone(connector),
+                connection_timeout,
+                response_timeout,
+                con: None,
+                retry_at: None,
+                backoff: FIRST_BACKOFF,
+            };
+            thread::Builder::new()
+                .name(format!("fencelock-master-{index}"))
+                .spawn(move || worker.run(&rx))?;
+            workers.push(tx);
+        }
+        Ok(Masters { workers })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Sends `packed` (a call of `script`) to each of `to`, replies to `reply` tagged `tag`;
+    /// unsent after `expires`.
+    pub(crate) fn send(&self, to: impl IntoIterator<Item = usize>, call: Call<'_>) {
+        let packed = Arc::new(call.packed);
+        for master in to {
+            let request = Request {
+                packed: Arc::clone(&packed),
+                script: call.script,
+                expires: call.expires,
+                reply: call.reply.clone(),
+                tag: call.tag,
+                once: call.once,
+                retried: false,
+            };
+            if let Err(unsent) = self.workers[master].send(request) {
+                // The worker is gone (it cannot panic, so only at shutdown): a refusal.
+                let request = unsent.into_inner();
+                let _ = request.reply.send(Reply {
+                    master,
+                    tag: call.tag,
+                    result: Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the master's worker thread is gone",
+                    ))),
+                    retried: false,
+                });
+            }
+        }
+    }
+}
+
+struct Worker {
+    index: usize,
+    connector: Arc<Connector>,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    con: Option<redis::Connection>,
+    /// After a failed connect, no new one before this.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Worker {
+    fn run(mut self, requests: &Receiver<Request>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        while let Ok(first) = requests.recv() {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            let now = Instant::now();
+            batch.retain(|r| r.expires > now);
+            if !batch.is_empty() {
+                self.serve(&mut batch);
+            }
+            batch.clear();
+        }
+    }
+
+    /// Sends `batch` as one pipeline and answers each request. Requests that may run twice are
+    /// sent again once on a new connection when a reused one turns out broken (a master that
+    /// restarted, an idle connection the master or a proxy closed), so that an outage is one
+    /// refusal and a closed connection none; a timeout is never sent again (a frozen master).
+    fn serve(&mut self, batch: &mut [Request]) {
+        let mut replies: Vec<Option<RedisResult<Value>>> = batch.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..batch.len()).collect();
+        let (mut loaded, mut reconnected) = (false, false);
+        // A first send, one after NOSCRIPT, one on a new connection: three at most.
+        for _ in 0..3 {
+            if todo.is_empty() {
+                break;
+            }
+            let reused = self.con.is_some();
+            let con = match self.connection() {
+                Ok(con) => con,
+                Err(e) => {
+                    for &i in &todo {
+                        replies[i] = Some(Err(e.clone()));
+                    }
+                    break;
+                }
+            };
+            // Connecting may have taken a while (a frozen master answers no PING).
+            let now = Instant::now();
+            todo.retain(|&i| batch[i].expires > now);
+            if todo.is_empty() {
+                break;
+            }
+            let mut packed = Vec::with_capacity(todo.iter().map(|&i| batch[i].packed.len()).sum());
+            let mut ends = Vec::with_capacity(todo.len());
+            for &i in &todo {
+                packed.extend_from_slice(&batch[i].packed);
+                ends.push(packed.len());
+            }
+            // After a signal cuts a read short, the quorum scripts may run again: acquire,
+            // confirm and extend do the same again for the same owner, and a release that runs
+            // again finds nothing and answers 0 (not marked `retried`: `unlock` would report the
+            // lock lost only if that happened on a majority of masters at once). A forced
+            // release may not run again.
+            let on_interrupt = if todo.iter().any(|&i| batch[i].once) {
+                Interrupted::LeaveUnanswered
+            } else {
+                Interrupted::SendAgain
+            };
+            let (got, failed) = wire::exchange_partial(con, &packed, &ends, on_interrupt);
+            let refused: Vec<usize> = todo
+                .iter()
+                .zip(&got)
+                .filter(|(_, r)| no_script(r))
+                .map(|(&i, _)| i)
+                .collect();
+            let broken = failed.as_ref().is_some_and(|e| !e.is_timeout());
+            if failed.is_some() {
+                // Timed out or broken: a late reply must not be read as the answer to the next
+                // pipeline.
+                self.con = None;
+            }
+            let mut again = Vec::new();
+            for (&i, reply) in todo.iter().zip(got) {
+                let unanswered = match &reply {
+                    None => true,
+                    Some(Err(e)) => {
+                        failed.is_some() && (e.is_io_error() || e.is_connection_dropped())
+                    }
+                    Some(Ok(_)) => false,
+                };
+                if refused.contains(&i) && !loaded && failed.is_none() {
+                    // A master that restarted, or whose scripts were flushed: refused calls did
+                    // not run.
+                    again.push(i);
+                } else if unanswered && broken && reused && !reconnected && !batch[i].once {
+                    batch[i].retried = true;
+                    again.push(i);
+                } else {
+                    replies[i] = reply;
+                }
+            }
+            if !refused.is_empty() && !loaded && failed.is_none() {
+                loaded = true;
+                if let Some(con) = self.con.as_mut() {
+                    let mut scripts: Vec<&Script> =
+                        again.iter().map(|&i| batch[i].script).collect();
+                    scripts.dedup_by_key(|s| s.get_hash().to_owned());
+                    if let Err(e) = scripts.iter().try_for_each(|s| s.load(con).map(drop)) {
+                        self.con = None;
+                        for &i in &again {
+                            replies[i] = Some(Err(e.clone()));
+                        }
+                        again.clear();
+                    }
+                }
+            }
+            if broken && reused {
+                reconnected = true;
+            }
+            todo = again;
+        }
+        for (request, reply) in batch.iter().zip(replies) {
+            let result = reply.unwrap_or_else(|| Err(wire::interrupted_error()));
+            let _ = request.reply.send(Reply {
+                master: self.index,
+                tag: request.tag,
+                result,
+                retried: request.retried,
+            });
+        }
+    }
+
+    fn connection(&mut self) -> RedisResult<&mut redis::Connection> {
+        if self.con.is_none() {
+            if let Some(at) = self.retry_at {
+                if Instant::now() < at {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the master could not be reached a moment ago",
+                    )));
+                }
+            }
+            match self
+                .connector
+                .master(self.index, self.connection_timeout, self.response_timeout)
+            {
+                Ok(con) => {
+                    self.con = Some(con);
+                    self.retry_at = None;
+                    self.backoff = FIRST_BACKOFF;
+                }
+                Err(e) => {
+                    self.retry_at = Some(Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    log::debug!("fencelock: quorum master {} unreachable: {e}", self.index);
+                    return Err(e);
+                }
+            }
+        }
+        self.con
+            .as_mut()
+            .ok_or_else(|| RedisError::from((redis::ErrorKind::Io, "no connection to the master")))
+    }
+}
+
+fn no_script(reply: &Option<RedisResult<Value>>) -> bool {
+    matches!(reply, Some(Err(e)) if scripts::no_script(e))
+}

@@ -1,0 +1,562 @@
+//! A quorum of independent redis-servers (AOF on, fsync always) for the quorum-mode tests:
+//! clients on it, faults on single masters (freeze, kill and wipe, restart), a look at each
+//! master's keys, and a workload of threads that record every hold and write through a fenced
+//! store, for the history check.
+
+use std::fs;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use fencelock::{Builder, FencedRedis, LockClient, LockGuard, Topology};
+
+use super::faults::fence_key;
+use super::history::{History, Hold};
+use super::{lock_key, ms, RedisServer, NAMESPACE};
+
+/// How long a client waits for one master's reply. A frozen master counts as a refusal after
+/// this: short, so that a test with frozen masters moves on, and long enough for a master that
+/// fsyncs every write on a busy machine.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
+/// How long a client waits for a connection to one master.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_millis(300);
+/// Added to the longest lease before a wiped master restarts: the lease is counted from the
+/// last write the master took, which is a little before the kill.
+const RESTART_MARGIN: Duration = Duration::from_millis(200);
+
+/// A xorshift64* generator: reproducible choices from a seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// N redis-servers on 127.0.0.1, each a master of its own (no replication between them), with
+/// AOF on and fsync always, so that a kill without a wipe loses nothing.
+pub struct Quorum {
+    servers: Vec<RedisServer>,
+    frozen: Vec<AtomicBool>,
+    /// When each master was last killed, if it is down.
+    killed_at: Vec<Option<Instant>>,
+    /// The longest lease any client made through [`Quorum::builder`] (or noted with
+    /// [`Quorum::note_lease`]) may hold, in ms: how long a wiped master stays down.
+    longest_lease_ms: AtomicU64,
+}
+
+impl Quorum {
+    /// `n` masters, each answering PING.
+    pub fn start(n: usize) -> Quorum {
+        let servers: Vec<RedisServer> = (0..n)
+            .map(|_| RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]))
+            .collect();
+        Quorum {
+            frozen: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            killed_at: vec![None; n],
+            servers,
+            longest_lease_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// How many masters make a majority.
+    pub fn majority(&self) -> usize {
+        self.len() / 2 + 1
+    }
+
+    pub fn server(&self, i: usize) -> &RedisServer {
+        &self.servers[i]
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.servers.iter().map(RedisServer::port).collect()
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every master.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    pub fn topology(&self) -> Topology {
+        Topology::quorum(self.urls())
+    }
+
+    /// The `redis+quorum://127.0.0.1:P1,127.0.0.1:P2,...` form of [`Quorum::topology`].
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+quorum://{}", hosts.join(","))
+    }
+
+    /// Tells the quorum that a client may hold leases of `lease`: [`Quorum::restart`] keeps a
+    /// wiped master down for longer than the longest.
+    pub fn note_lease(&self, lease: Duration) {
+        let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self.longest_lease_ms.fetch_max(ms, Ordering::SeqCst);
+    }
+
+    /// A client builder on `topology` in the test namespace, with short timeouts (see
+    /// [`RESPONSE_TIMEOUT`]); `lease` is noted for [`Quorum::restart`].
+    pub fn builder_on(&self, topology: Topology, lease: Duration) -> Builder {
+        self.note_lease(lease);
+        LockClient::builder(topology)
+            .namespace(NAMESPACE)
+            .lease(lease)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .connection_timeout(CONNECTION_TIMEOUT)
+    }
+
+    /// [`Quorum::builder_on`] these masters.
+    pub fn builder(&self, lease: Duration) -> Builder {
+        self.builder_on(self.topology(), lease)
+    }
+
+    pub fn client(&self, lease: Duration) -> LockClient {
+        self.builder(lease)
+            .build()
+            .unwrap_or_else(|e| panic!("a quorum client (lease {lease:?}): {e}"))
+    }
+
+    /// SIGSTOP master `i`: it stops answering, its connections stay open, and its clock (for
+    /// key expiry) goes on, so its leases are over once it resumes.
+    pub fn freeze(&self, i: usize) {
+        self.frozen[i].store(true, Ordering::SeqCst);
+        self.servers[i].pause();
+    }
+
+    /// SIGCONT master `i` after [`Quorum::freeze`].
+    pub fn thaw(&self, i: usize) {
+        self.servers[i].resume();
+        self.frozen[i].store(false, Ordering::SeqCst);
+    }
+
+    pub fn thaw_all(&self) {
+        for i in 0..self.len() {
+            if self.frozen[i].load(Ordering::SeqCst) {
+                self.thaw(i);
+            }
+        }
+    }
+
+    pub fn is_frozen(&self, i: usize) -> bool {
+        self.frozen[i].load(Ordering::SeqCst)
+    }
+
+    pub fn is_down(&self, i: usize) -> bool {
+        self.killed_at[i].is_some()
+    }
+
+    /// SIGKILL master `i` and delete its data files (the AOF directory and any RDB): it comes
+    /// back empty from [`Quorum::restart`], as a master that lost its disk would.
+    pub fn kill_and_wipe(&mut self, i: usize) {
+        self.thaw(i);
+        self.servers[i].kill();
+        self.killed_at[i] = Some(Instant::now());
+        let dir = self.servers[i].dir().to_path_buf();
+        for name in ["appendonlydir", "appendonly.aof", "dump.rdb"] {
+            let path = dir.join(name);
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            match removed {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => panic!("cannot wipe {}: {e}", path.display()),
+            }
+        }
+    }
+
+    /// Starts master `i` again, empty, on its port, once it has been down for longer than the
+    /// longest lease (sleeping until then).
+    ///
+    /// Why wait: a master that lost its data no longer knows which locks it granted. Back at
+    /// once, it would grant a lock that another client still holds through it, and that grant
+    /// plus the masters that a partition or a freeze keeps from the holder could make a second
+    /// majority: two holders. Once every lease it held has run out, there is nothing left for
+    /// it to forget. (Its tokens need no wait here: every master runs on this machine's clock,
+    /// so an empty master's clock floor is past every token any master minted from the clock;
+    /// a test that sets a fence counter ahead by hand relies on the write-back instead.)
+    pub fn restart(&mut self, i: usize) {
+        let killed = self.killed_at[i].unwrap_or_else(|| panic!("master {i} is not down"));
+        let down =
+            Duration::from_millis(self.longest_lease_ms.load(Ordering::SeqCst)) + RESTART_MARGIN;
+        let since = killed.elapsed();
+        if since < down {
+            thread::sleep(down - since);
+        }
+        self.servers[i].restart();
+        self.killed_at[i] = None;
+    }
+
+    /// A connection to master `i` for the test's own checks (5 s timeouts).
+    pub fn connection(&self, i: usize) -> redis::Connection {
+        self.servers[i].connection()
+    }
+
+    /// Master `i`'s fence counter of `key` (its last token), if it has one.
+    pub fn fence(&self, i: usize, key: &str) -> Option<u64> {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(fence_key(key))
+            .query(&mut self.connection(i))
+            .unwrap_or_else(|e| panic!("master {i}: GET fence of {key:?}: {e}"));
+        value.map(|v| {
+            v.parse()
+                .unwrap_or_else(|e| panic!("master {i}: fence of {key:?} is {v:?}: {e}"))
+        })
+    }
+
+    /// Sets master `i`'s fence counter of `key` to `value` by hand, without expiry.
+    pub fn set_fence(&self, i: usize, key: &str, value: u64) {
+        let _: () = redis::cmd("SET")
+            .arg(fence_key(key))
+            .arg(value.to_string())
+            .query(&mut self.connection(i))
+            .unwrap_or_else(|e| panic!("master {i}: SET fence of {key:?}: {e}"));
+    }
+
+    /// Master `i`'s clock (`TIME`) in microseconds: what its clock floor mints now.
+    pub fn clock_us(&self, i: usize) -> u64 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query(&mut self.connection(i))
+            .unwrap_or_else(|e| panic!("master {i}: TIME: {e}"));
+        secs * 1_000_000 + micros
+    }
+
+    /// The owner id in master `i`'s lock key of `key`, if the key exists.
+    pub fn lock_owner(&self, i: usize, key: &str) -> Option<String> {
+        redis::cmd("GET")
+            .arg(lock_key(key))
+            .query(&mut self.connection(i))
+            .unwrap_or_else(|e| panic!("master {i}: GET lock of {key:?}: {e}"))
+    }
+
+    /// The remaining lease of master `i`'s lock key of `key`, in ms (-2: no such key).
+    pub fn lock_pttl(&self, i: usize, key: &str) -> i64 {
+        redis::cmd("PTTL")
+            .arg(lock_key(key))
+            .query(&mut self.connection(i))
+            .unwrap_or_else(|e| panic!("master {i}: PTTL lock of {key:?}: {e}"))
+    }
+
+    /// The masters (of those running and not frozen) whose lock key of `key` exists.
+    pub fn masters_holding(&self, key: &str) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&i| !self.is_down(i) && !self.is_frozen(i))
+            .filter(|&i| self.lock_owner(i, key).is_some())
+            .collect()
+    }
+}
+
+impl Drop for Quorum {
+    fn drop(&mut self) {
+        // A stopped process still dies of SIGKILL, but resuming first lets each server's drop
+        // kill and reap it the ordinary way, and clients dropped after the quorum see closed
+        // connections rather than silent ones.
+        for (i, frozen) in self.frozen.iter().enumerate() {
+            if frozen.load(Ordering::SeqCst) {
+                self.servers[i].resume();
+            }
+        }
+    }
+}
+
+/// Lock-holding threads on several quorum clients, with fenced writes to a separate store.
+///
+/// Each thread takes a random key with `try_lock`, holds it for a few ms (now and then for
+/// longer than a lease, so renewals run under the faults too) and records the hold from the
+/// grant to the last moment it saw `is_held()` true, which is what a careful holder acts on.
+/// While held it writes through the fenced store (`incr_by` on a resource per key): the value
+/// each accepted write returns is the store's own order of application.
+pub struct Workload {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+/// How a [`Workload`] runs.
+#[derive(Clone, Debug)]
+pub struct WorkloadConfig {
+    pub threads_per_client: usize,
+    pub keys: Vec<String>,
+    /// `try_lock`'s timeout.
+    pub wait: Duration,
+    /// A long hold (one in eight): longer than a lease, so that renewal runs.
+    pub long_hold: Duration,
+    /// No thread runs longer than this, whatever `stop` does.
+    pub max_run: Duration,
+    pub seed: u64,
+}
+
+impl WorkloadConfig {
+    pub fn new(keys: &[&str], lease: Duration) -> WorkloadConfig {
+        WorkloadConfig {
+            threads_per_client: 4,
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            wait: Duration::from_secs(1),
+            long_hold: lease * 3 / 2,
+            max_run: Duration::from_secs(60),
+            seed: 0x5eed,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    history: History,
+    grants: AtomicU64,
+    /// Grants whose holder never saw them held (the reply came after the validity ran out).
+    never_held: AtomicU64,
+    /// Holds that turned false before their holder released them.
+    lost: AtomicU64,
+    errors: AtomicU64,
+    /// (resource, value the store returned, token) of every accepted write.
+    writes: Mutex<Vec<(String, i64, u64)>>,
+    stale_rejected: AtomicU64,
+    write_errors: AtomicU64,
+}
+
+/// What a [`Workload`] saw.
+pub struct Outcome {
+    pub history: History,
+    pub grants: u64,
+    pub never_held: u64,
+    pub lost: u64,
+    pub errors: u64,
+    pub writes: Vec<(String, i64, u64)>,
+    pub stale_rejected: u64,
+    pub write_errors: u64,
+}
+
+impl Workload {
+    pub fn start(clients: &[LockClient], store: &FencedRedis, config: &WorkloadConfig) -> Workload {
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
+        let end = Instant::now() + config.max_run;
+        let mut threads = Vec::new();
+        for (c, client) in clients.iter().enumerate() {
+            for t in 0..config.threads_per_client {
+                let holder = c * 100 + t;
+                let (client, store, stop, shared, config) = (
+                    client.clone(),
+                    store.clone(),
+                    Arc::clone(&stop),
+                    Arc::clone(&shared),
+                    config.clone(),
+                );
+                let mut rng = Rng(config.seed ^ (holder as u64 + 1).wrapping_mul(0x9e37_79b9));
+                threads.push(thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                        let key = &config.keys[rng.below(config.keys.len() as u64) as usize];
+                        match client.try_lock(key, config.wait) {
+                            Ok(Some(guard)) => {
+                                shared.grants.fetch_add(1, Ordering::Relaxed);
+                                let time = if rng.below(8) == 0 {
+                                    config.long_hold
+                                } else {
+                                    Duration::from_micros(1_000 + rng.below(4_000))
+                                };
+                                hold(&guard, key, holder, time, &store, &shared);
+                                let _ = guard.unlock();
+                            }
+                            Ok(None) => {}
+                            Err(_) => {
+                                shared.errors.fetch_add(1, Ordering::Relaxed);
+                                thread::sleep(ms(10));
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+        Workload {
+            stop,
+            threads,
+            shared,
+        }
+    }
+
+    pub fn grants(&self) -> u64 {
+        self.shared.grants.load(Ordering::Relaxed)
+    }
+
+    pub fn errors(&self) -> u64 {
+        self.shared.errors.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `more` grants beyond `since` were made; panics after `timeout`.
+    pub fn await_grants(&self, since: u64, more: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.grants() < since + more {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {more} grants within {timeout:?} ({} errors)",
+                self.grants() - since,
+                self.errors()
+            );
+            thread::sleep(ms(10));
+        }
+    }
+
+    pub fn stop(self) -> Outcome {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join()
+                .unwrap_or_else(|_| panic!("a workload thread panicked"));
+        }
+        let shared = Arc::try_unwrap(self.shared)
+            .unwrap_or_else(|_| panic!("the workload's threads are joined"));
+        Outcome {
+            history: shared.history,
+            grants: shared.grants.into_inner(),
+            never_held: shared.never_held.into_inner(),
+            lost: shared.lost.into_inner(),
+            errors: shared.errors.into_inner(),
+            writes: shared
+                .writes
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner()),
+            stale_rejected: shared.stale_rejected.into_inner(),
+            write_errors: shared.write_errors.into_inner(),
+        }
+    }
+}
+
+/// The fenced store's resource for lock `key`.
+pub fn resource(key: &str) -> String {
+    format!("res-{key}")
+}
+
+fn hold(
+    guard: &LockGuard,
+    key: &str,
+    holder: usize,
+    time: Duration,
+    store: &FencedRedis,
+    shared: &Shared,
+) {
+    let start = Instant::now();
+    let token = guard.token();
+    let until = start + time;
+    let mut end = None;
+    let mut wrote = false;
+    // Bounded: one pass a ms until `time` is up, and the lock's loss ends it sooner.
+    let max_passes = time.as_millis() as u64 + 2;
+    for _ in 0..max_passes {
+        if !guard.is_held() {
+            if end.is_some() {
+                shared.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            break;
+        }
+        end = Some(Instant::now());
+        if !wrote || Instant::now() >= until {
+            wrote = true;
+            match store.incr_by(&resource(key), token, 1) {
+                Ok(value) => shared
+                    .writes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((resource(key), value, token.as_u64())),
+                Err(e) if e.is_stale_token() => {
+                    shared.stale_rejected.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    shared.write_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if Instant::now() >= until {
+            break;
+        }
+        thread::sleep(ms(1));
+    }
+    match end {
+        // Only holds a holder acted on count: a grant never seen held (its reply came after its
+        // validity ran out) is one its holder does nothing with, and its start says nothing
+        // about the order of grants.
+        Some(end) => shared.history.record(Hold {
+            key: key.to_owned(),
+            holder,
+            token: token.as_u64(),
+            start,
+            end,
+        }),
+        None => {
+            shared.never_held.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Outcome {
+    /// Accepted writes applied after one with a higher token, per resource, in the store's own
+    /// order.
+    pub fn stale_accepted(&self) -> u64 {
+        let mut writes = self.writes.clone();
+        writes.sort();
+        let mut stale = 0;
+        let mut highest: Option<(&str, u64)> = None;
+        for (resource, _, token) in &writes {
+            match highest {
+                Some((r, h)) if r == resource.as_str() => {
+                    if *token < h {
+                        stale += 1;
+                    }
+                    highest = Some((r, h.max(*token)));
+                }
+                _ => highest = Some((resource.as_str(), *token)),
+            }
+        }
+        stale
+    }
+
+    /// One line for messages.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} grants ({} never seen held, {} lost while held), {} lock errors, {} writes \
+             accepted, {} stale rejected, {} write errors",
+            self.grants,
+            self.never_held,
+            self.lost,
+            self.errors,
+            self.writes.len(),
+            self.stale_rejected,
+            self.write_errors
+        )
+    }
+
+    /// Panics unless the holds never overlapped, tokens rose per key in grant order, and the
+    /// store accepted no stale write.
+    pub fn assert_safe(&self) {
+        if let Err(violations) = self.history.check() {
+            panic!("{violations}\n({})", self.summary());
+        }
+        assert_eq!(
+            self.stale_accepted(),
+            0,
+            "the fenced store accepted stale writes ({})",
+            self.summary()
+        );
+    }
+}
