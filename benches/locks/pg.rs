@@ -22,7 +22,10 @@
 //! same shape as the library's path: the holder's `unlock()` alone (the release script, which
 //! publishes the grant), a `PUBLISH` from this process reaching a reader thread blocked on a
 //! `SUBSCRIBE` connection in another process, and that thread passing it on through a crossbeam
-//! channel to a thread blocked in `recv` (the listener thread delivering to the waiting thread).
+//! channel to a thread blocked in `recv` (the listener thread delivering to the waiting thread),
+//! and the order of Redis' writes: a script that publishes, as the release script does (Redis
+//! writes the caller's reply first), against a no-op script followed by a `PUBLISH` in one
+//! pipeline (the message first).
 //! Every sample is taken after the same 3-6 ms of idle time as the handoffs. Then the handoff
 //! again, traced: the waiter's process also runs a thread of its own subscribed by pattern to the
 //! release channels ([`spy`]), which times when the release message reaches that process, and
@@ -379,14 +382,22 @@ fn handoff_pg(url: &str, key: &str, n: usize) -> (Vec<Duration>, Vec<Duration>) 
     (out, unlocks)
 }
 
-/// The pieces of a cross-process handoff on plain connections: `(PUBLISH from this process to a
-/// reader thread in another one, that thread's crossbeam hand-off to a blocked thread, the
-/// PUBLISH round trip, a no-op EVALSHA)`, each after the same idle time as a handoff.
+/// The pieces of a cross-process handoff on plain connections, each after the same idle time as
+/// a handoff.
 struct Pieces {
+    /// A `PUBLISH` from this process → a reader thread in another one.
     publish_to_reader: Vec<Duration>,
+    /// That thread's crossbeam hand-off → a thread blocked in `recv`.
     reader_to_thread: Vec<Duration>,
     publish_rtt: Vec<Duration>,
     cold_evalsha: Vec<Duration>,
+    /// A script that publishes, as the release script does → the reader. Redis writes the
+    /// caller's reply before the message: the message's client was queued for writing first, and
+    /// Redis writes the most recently queued client first.
+    script_publish_to_reader: Vec<Duration>,
+    /// A no-op script, then `PUBLISH`, in one pipeline → the reader: the same work, but the
+    /// message is written before the caller's reply.
+    script_then_publish_to_reader: Vec<Duration>,
 }
 
 fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
@@ -396,11 +407,26 @@ fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
     let mut con = server.connection();
     let noop = redis::Script::new(NOOP);
     let _: i64 = noop.invoke(&mut con).expect("noop");
+    let publishes = redis::Script::new("return redis.call('PUBLISH', KEYS[1], ARGV[1])");
+    let _: i64 = publishes
+        .key("pg:nobody")
+        .arg("x")
+        .invoke(&mut con)
+        .expect("load");
+    let heard = |sub: &Child| -> (u64, u64) {
+        let line = sub.expect_line("heard ", CHILD_TIMEOUT);
+        let mut f = line["heard ".len()..].split_whitespace();
+        let read: u64 = f.next().and_then(|v| v.parse().ok()).expect("read ns");
+        let running: u64 = f.next().and_then(|v| v.parse().ok()).expect("running ns");
+        (read, running)
+    };
     let mut p = Pieces {
         publish_to_reader: Vec::with_capacity(n),
         reader_to_thread: Vec::with_capacity(n),
         publish_rtt: Vec::with_capacity(n),
         cold_evalsha: Vec::with_capacity(n),
+        script_publish_to_reader: Vec::with_capacity(n),
+        script_then_publish_to_reader: Vec::with_capacity(n),
     };
     for i in 0..n + 5 {
         idle(i);
@@ -416,15 +442,39 @@ fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
             .expect("PUBLISH");
         let replied = mono_ns();
         assert_eq!(receivers, 1, "one subscriber");
-        let line = sub.expect_line("heard ", CHILD_TIMEOUT);
-        let mut f = line["heard ".len()..].split_whitespace();
-        let read: u64 = f.next().and_then(|v| v.parse().ok()).expect("read ns");
-        let running: u64 = f.next().and_then(|v| v.parse().ok()).expect("running ns");
+        let (read, running) = heard(&sub);
+        // The message written after the caller's reply, then before it; which goes first
+        // alternates, so that neither always follows the other.
+        let mut after_before = [Duration::ZERO; 2];
+        for j in [i % 2, 1 - i % 2] {
+            idle(i + 2 + j);
+            let sent = mono_ns();
+            if j == 0 {
+                let _: i64 = publishes
+                    .key(channel)
+                    .arg("1 x y")
+                    .invoke(&mut con)
+                    .expect("publishing script");
+            } else {
+                let _: (i64, i64) = redis::pipe()
+                    .cmd("EVALSHA")
+                    .arg(noop.get_hash())
+                    .arg(0)
+                    .cmd("PUBLISH")
+                    .arg(channel)
+                    .arg("1 x y")
+                    .query(&mut con)
+                    .expect("script, then PUBLISH");
+            }
+            after_before[j] = since(sent, heard(&sub).0);
+        }
         if i >= 5 {
             p.publish_to_reader.push(since(sent, read));
             p.reader_to_thread.push(since(read, running));
             p.publish_rtt.push(since(sent, replied));
             p.cold_evalsha.push(cold);
+            p.script_publish_to_reader.push(after_before[0]);
+            p.script_then_publish_to_reader.push(after_before[1]);
         }
     }
     p
@@ -853,6 +903,22 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
             "{} / {}",
             fmt_d(pct(&to_thread, 0.5)),
             fmt_d(pct(&to_thread, 0.99))
+        ),
+    );
+    let after = piece(|p| &p.script_publish_to_reader);
+    let before = piece(|p| &p.script_then_publish_to_reader);
+    r.info(
+        B,
+        "pieces: a script that publishes → reader: p50 / p99 (message after the reply)",
+        format!("{} / {}", fmt_d(pct(&after, 0.5)), fmt_d(pct(&after, 0.99))),
+    );
+    r.info(
+        B,
+        "pieces: a script, then PUBLISH, one pipeline → reader: p50 / p99 (message first)",
+        format!(
+            "{} / {}",
+            fmt_d(pct(&before, 0.5)),
+            fmt_d(pct(&before, 0.99))
         ),
     );
     let t_grant = sorted(traced.iter().flat_map(|t| t.grant.clone()).collect());
