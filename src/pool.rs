@@ -56,8 +56,7 @@ impl Drop for Conn {
         if let Some(shelf) = self.shelf.upgrade() {
             let mut slots = shelf.slots();
             slots.open = slots.open.saturating_sub(1);
-            drop(slots);
-            shelf.returned.notify_one();
+            shelf.wake_one(slots);
         }
     }
 }
@@ -88,7 +87,7 @@ pub(crate) struct Pool {
 #[derive(Default)]
 struct Shelf {
     slots: Mutex<Slots>,
-    /// Signalled when a connection comes back, or a place frees up.
+    /// Signalled when a connection comes back, or a place frees up, if anyone waits.
     returned: Condvar,
 }
 
@@ -97,12 +96,26 @@ struct Slots {
     idle: Vec<Conn>,
     /// Connections in existence or being made: idle, borrowed, or connecting.
     open: u32,
+    /// Threads waiting on `returned` for a connection.
+    waiting: u32,
 }
 
 impl Shelf {
     /// Never held while a counted [`Conn`] is dropped: its drop takes this lock.
     fn slots(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Releases `slots`, changed by the caller, and wakes a thread waiting for a connection, if
+    /// there is one. Only then: a notify is a system call even when nobody waits (a futex wake),
+    /// and a connection goes back after every call. A waiter counts itself under the lock
+    /// before it waits, so none is missed.
+    fn wake_one(&self, slots: MutexGuard<'_, Slots>) {
+        let anyone = slots.waiting > 0;
+        drop(slots);
+        if anyone {
+            self.returned.notify_one();
+        }
     }
 }
 
@@ -203,12 +216,14 @@ impl Pool {
                     waited,
                 });
             };
+            slots.waiting += 1;
             slots = self
                 .shelf
                 .returned
                 .wait_timeout(slots, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            slots.waiting -= 1;
         }
     }
 
@@ -219,8 +234,9 @@ impl Pool {
             drop(conn);
             return;
         }
-        self.shelf.slots().idle.push(conn);
-        self.shelf.returned.notify_one();
+        let mut slots = self.shelf.slots();
+        slots.idle.push(conn);
+        self.shelf.wake_one(slots);
     }
 
     /// Makes a connection for a place already counted in `open`, within `timeout`; `cut`: the
@@ -240,8 +256,7 @@ impl Pool {
             Err(e) => {
                 let mut slots = self.shelf.slots();
                 slots.open = slots.open.saturating_sub(1);
-                drop(slots);
-                self.shelf.returned.notify_one();
+                self.shelf.wake_one(slots);
                 // A connection the caller's deadline cut short says nothing about the server:
                 // it may only be slower than that deadline (see `finish`).
                 if !(cut && e.is_timeout()) {

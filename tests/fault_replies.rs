@@ -1,5 +1,6 @@
 //! Fault injection, typed errors: Redis error replies (NOSCRIPT, OOM, BUSY, NOREPLICAS, LOADING,
-//! a fence key that cannot count) and the pool exhausted by the caller's own threads.
+//! a fence key that cannot count) and the pool exhausted by the caller's own threads, or only
+//! shared by them.
 //!
 //! An error must reach the caller as an error it can tell apart (`redis_code()`,
 //! `is_pool_exhausted()`), at once: never as "held by someone" (`Ok(None)`) and never as a wait.
@@ -124,6 +125,47 @@ fn an_exhausted_pool_is_reported_after_the_connection_timeout() {
         .expect("the pool did not recover")
         .unlock()
         .unwrap();
+}
+
+/// Eight threads on a pool of one connection, each locking and unlocking keys of its own 50
+/// times: every call gets the connection as soon as another gives it back, and all 400 locks
+/// finish within 4 s, against a 5 s connection timeout.
+///
+/// Protection: a connection given back wakes a thread waiting for one. The pool wakes a waiter
+/// only when one has counted itself, so that the common case (nobody waits) makes no system
+/// call; a wake-up missed by that count leaves the waiter asleep until its connection timeout,
+/// which breaks the time bound (fails with a pool that never wakes a waiter).
+#[test]
+fn threads_waiting_for_a_pooled_connection_get_it_when_it_comes_back() {
+    let server = RedisServer::start();
+    let client = builder(server.url(), ms(30_000))
+        .pool_size(1)
+        .connection_timeout(ms(5_000))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let client = client.clone();
+            spawn_answer(move || {
+                for i in 0..50 {
+                    client.lock(&format!("pool-{t}-{i}"))?.unlock()?;
+                }
+                Ok::<(), fencelock::Error>(())
+            })
+        })
+        .collect();
+    for (t, answer) in workers.into_iter().enumerate() {
+        answer
+            .recv_timeout(ms(30_000))
+            .unwrap_or_else(|e| panic!("worker {t} never finished: {e}"))
+            .unwrap_or_else(|e| panic!("worker {t}: {e:?}"));
+    }
+    let took = started.elapsed();
+    assert!(
+        took < ms(4_000),
+        "400 lock + unlock over one connection took {took:?}: a waiter slept until its timeout"
+    );
 }
 
 // ---------------------------------------------------------------------------
