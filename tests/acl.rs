@@ -16,18 +16,7 @@ fn a_user_limited_to_its_namespace_can_lock_and_hand_over() {
     support::capture_logs();
     let server = RedisServer::start();
     let mut con = server.connection();
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "locker",
-            "on",
-            ">secret",
-            "resetchannels",
-            "~test:*",
-        ])
-        .arg(&["&test:released:*", "+@all"])
-        .query(&mut con)
-        .unwrap();
+    support::add_documented_acl_user(&mut con);
     let _: () = redis::cmd("ACL")
         .arg(&[
             "SETUSER",

@@ -248,18 +248,7 @@ fn waiting_clients_do_not_wake_each_other_while_the_lock_is_held() {
 fn unlock_under_the_documented_acl_succeeds() {
     let servers = masters(3);
     for s in &servers {
-        let _: () = redis::cmd("ACL")
-            .arg(&[
-                "SETUSER",
-                "locker",
-                "on",
-                ">secret",
-                "resetchannels",
-                "~test:*",
-            ])
-            .arg(&["&test:released:*", "+@all"])
-            .query(&mut s.connection())
-            .unwrap();
+        support::add_documented_acl_user(&mut s.connection());
     }
     let urls = servers
         .iter()

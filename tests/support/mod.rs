@@ -1184,3 +1184,38 @@ pub fn log_records_with_targets() -> Vec<(String, log::Level, String)> {
         .map(|(target, (level, message))| (target.clone(), *level, message.clone()))
         .collect()
 }
+
+/// A xorshift64* generator: reproducible choices from a seed (faults and their timing in the
+/// soaks, keys and hold times in the quorum workload).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Adds the ACL user `locker` (password `secret`) with what docs/design.md says a client of the
+/// test namespace needs on one server: the keys `~test:*` and the release channels
+/// `&test:released:*` (not the quorum's `&test:freed:*`), every command allowed.
+pub fn add_documented_acl_user(con: &mut redis::Connection) {
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "locker",
+            "on",
+            ">secret",
+            "resetchannels",
+            &format!("~{NAMESPACE}:*"),
+        ])
+        .arg(&[&format!("&{NAMESPACE}:released:*"), "+@all"])
+        .query(con)
+        .unwrap_or_else(|e| panic!("ACL SETUSER locker: {e}"));
+}

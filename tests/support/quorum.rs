@@ -14,7 +14,7 @@ use fencelock::{Builder, FencedRedis, LockClient, LockGuard, Topology};
 
 use super::faults::fence_key;
 use super::history::{History, Hold};
-use super::{lock_key, ms, RedisServer, NAMESPACE};
+use super::{lock_key, ms, RedisServer, Rng, NAMESPACE};
 
 /// How long a client waits for one master's reply. A frozen master counts as a refusal after
 /// this: short, so that a test with frozen masters moves on, and long enough for a master that
@@ -25,22 +25,6 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_millis(300);
 /// Added to the longest lease before a wiped master restarts: the lease is counted from the
 /// last write the master took, which is a little before the kill.
 const RESTART_MARGIN: Duration = Duration::from_millis(200);
-
-/// A xorshift64* generator: reproducible choices from a seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// N redis-servers on 127.0.0.1, each a master of its own (no replication between them), with
 /// AOF on and fsync always, so that a kill without a wipe loses nothing.

@@ -16,8 +16,8 @@ use fencelock::{FencedRedis, LockClient, Topology};
 
 use super::history::Hold;
 use super::proxy::{Mode, Proxy};
-use super::quorum::{Quorum, Rng, Workload, WorkloadConfig};
-use super::RedisServer;
+use super::quorum::{Quorum, Workload, WorkloadConfig};
+use super::{RedisServer, Rng};
 
 /// How long, how many, and how often.
 #[derive(Clone, Debug)]

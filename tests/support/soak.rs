@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use fencelock::{FencedRedis, LockClient};
 
 use super::proxy::{Mode, Proxy};
-use super::RedisServer;
+use super::{RedisServer, Rng};
 
 /// How long, how many, and how often.
 #[derive(Clone, Debug)]
@@ -97,22 +97,6 @@ struct Grant {
     start: Instant,
     /// Last moment the holder saw is_held() true.
     end: Instant,
-}
-
-/// xorshift64*: enough randomness for fault timing, reproducible from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 pub fn run(config: &SoakConfig) -> SoakReport {
