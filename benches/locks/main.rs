@@ -24,7 +24,10 @@
 //! Benchmarks (names for the filter arguments):
 //!
 //! - `rtt`: PING and no-op EVALSHA round trips (always measured: everything is relative to it);
-//! - `uncontended`: `lock` + `unlock` from one thread over many keys;
+//! - `uncontended`: `lock` + `unlock` from one thread over many keys, then where the time beyond
+//!   two round trips goes: the same two calls as no-op scripts carrying the lock's keys and
+//!   arguments, and as the library's scripts sent directly, with Redis' own timing of each script
+//!   and of the commands it calls (SLOWLOG);
 //! - `handoff`: a holder releases while one waiter is blocked in `lock()`: release-to-grant
 //!   latency, fencelock (waiter on another client, and on the same client), the same handoff on
 //!   plain connections (release script with PUBLISH, waiter on its own SUBSCRIBE connection,
