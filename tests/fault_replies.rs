@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::TryRecvError;
 use fencelock::{LockClient, LockGuard};
+use redis::Commands;
 use support::faults::{builder, fence_key, spawn_answer, within};
 use support::{lock_client, lock_exists, lock_pttl, ms, RedisServer};
 
@@ -240,7 +241,9 @@ fn oom_is_a_typed_error_and_spares_held_locks() {
 }
 
 /// A fence key that is not a counter (written by someone else, or past `i64::MAX`) fails every
-/// acquire with the Redis error, and no lock is left behind without a token.
+/// acquire with the Redis error, no lock is left behind without a token, and the fence key keeps
+/// its value (a minting that wrote the clock reading over what it could not count on would
+/// fail here).
 ///
 /// Protection: the acquire script mints the token (INCR) before it sets the lock key; scripts do
 /// not roll back, so the other order would leave the key locked for a lease with nobody holding
@@ -268,6 +271,15 @@ fn a_fence_that_cannot_count_fails_the_acquire_and_leaves_no_lock() {
         }
         assert!(!lock_exists(&mut con, key), "{key}: a lock was left behind");
     }
+    let kept: Vec<String> = ["bad-fence", overflow]
+        .iter()
+        .map(|key| con.get(fence_key(key)).unwrap())
+        .collect();
+    assert_eq!(
+        kept,
+        ["not a number".to_owned(), i64::MAX.to_string()],
+        "the fence key lost its value"
+    );
     // The other keys are untouched.
     client.lock("good").unwrap().unlock().unwrap();
 }

@@ -108,6 +108,38 @@ fn run_acquire(con: &mut redis::Connection, key: &str, owner: &str) -> (i64, u64
     (code, token_of(second))
 }
 
+/// A counter behind the clock, set by hand to a small or a negative number, gives way to the
+/// clock floor: the token is the server clock in microseconds (about 1.8e15), never the counter
+/// plus one, and the counter keeps the token.
+///
+/// Protection: a variant of the minting that keeps the counter when it is below zero (lifting
+/// only positive counters to the clock) fails here: the client refuses the token -4.
+#[test]
+fn counters_behind_the_clock_give_way_to_it_even_below_zero() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 10_000);
+    let mut con = server.connection();
+    for (key, counter) in [("small", "7"), ("negative", "-5")] {
+        let _: () = redis::cmd("SET")
+            .arg(fence_key(key))
+            .arg(counter)
+            .query(&mut con)
+            .unwrap();
+        let guard = client.lock(key).unwrap();
+        let token = guard.token().as_u64();
+        guard.unlock().unwrap();
+        assert!(
+            token > 1_000_000_000_000_000,
+            "{key}: counter {counter} gave token {token}, not on the clock floor"
+        );
+        assert_eq!(
+            read_counter(&mut con, key),
+            token,
+            "{key}: the counter after"
+        );
+    }
+}
+
 /// The "lock already belongs to this owner" branch (a retry whose first reply was lost) is a
 /// grant like any other: with the fence key gone (a restart without persistence, a failover that
 /// lost it) it still lifts the token to the clock floor, above every token handed out before.
