@@ -122,12 +122,7 @@ const RELEASE: &str = concat!(
 /// - `lock` + `unlock` (what the rest of the library costs).
 ///
 /// Meanwhile SLOWLOG, with its threshold at 0, records how long Redis ran each script.
-fn pieces(
-    server: &crate::server::RedisServer,
-    client: &fencelock::LockClient,
-    n: usize,
-    r: &mut Report,
-) {
+fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mut Report) {
     const B: &str = "1 uncontended";
     let lease = client.lease().as_millis().to_string();
     // The default idle expiry of the fence counter (one day), which the bench's client keeps.
