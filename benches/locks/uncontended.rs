@@ -112,14 +112,16 @@ const RELEASE: &str = concat!(
 );
 
 /// Where an uncontended lock + unlock spends the time beyond two round trips. Each iteration
-/// times, on fresh keys and in a random order, four ways of making two calls:
+/// times, in a random order, five ways of making two calls:
 ///
 /// - two no-op `EVALSHA` (two round trips);
 /// - two no-op `EVALSHA` carrying the lock's four keys and the acquire's and release's arguments
 ///   (what the request's size costs);
 /// - the library's acquire and release scripts sent directly with redis-rs, with the arguments
 ///   `lock` and `unlock` send (what the scripts' work in Redis costs);
-/// - `lock` + `unlock` (what the rest of the library costs).
+/// - `lock` + `unlock` (what the rest of the library costs);
+/// - `lock` + `unlock` of one key every time, whose fence counter is then there already (the
+///   other ways use a fresh key each time, as the loops above do).
 ///
 /// Meanwhile SLOWLOG, with its threshold at 0, records how long Redis ran each script.
 fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mut Report) {
@@ -166,9 +168,9 @@ fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mu
         .expect("release script");
     let _: i64 = noop.invoke(&mut con).expect("noop");
 
-    // Entries an iteration leaves in SLOWLOG: eight EVALSHA and the sixteen commands the two
-    // acquire and release scripts call.
-    const LOGGED: usize = 24;
+    // Entries an iteration leaves in SLOWLOG: ten EVALSHA and the 24 commands the three acquire
+    // and release scripts call.
+    const LOGGED: usize = 34;
     let slowlog = |con: &mut redis::Connection, args: &[&str]| {
         let _: Value = redis::cmd("CONFIG")
             .arg("SET")
@@ -186,13 +188,13 @@ fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mu
         .expect("SLOWLOG");
     slowlog(&mut con, &["slowlog-log-slower-than", "0"]);
 
-    let mut t: [Vec<Duration>; 4] = Default::default();
+    let mut t: [Vec<Duration>; 5] = Default::default();
     for i in 0..n {
         // A new random order each iteration: with a fixed or rotating one, each way follows the
         // same other way every time, and that alone moved results by several microseconds.
-        let mut order = [0, 1, 2, 3];
-        for k in (1..4).rev() {
-            order.swap(k, (mix(i as u64 * 4 + k as u64) % (k as u64 + 1)) as usize);
+        let mut order = [0, 1, 2, 3, 4];
+        for k in (1..5).rev() {
+            order.swap(k, (mix(i as u64 * 5 + k as u64) % (k as u64 + 1)) as usize);
         }
         for way in order {
             let user = format!("pieces:{i}:{way}");
@@ -238,7 +240,12 @@ fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mu
                         .invoke(&mut con)
                         .expect("release script");
                 }
-                _ => client.lock(&user).expect("lock").unlock().expect("unlock"),
+                3 => client.lock(&user).expect("lock").unlock().expect("unlock"),
+                _ => client
+                    .lock("pieces:same")
+                    .expect("lock")
+                    .unlock()
+                    .expect("unlock"),
             }
             t[way].push(start.elapsed());
         }
@@ -286,7 +293,7 @@ fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mu
         call("DEL"),
     );
 
-    let [bare, sized, scripts, library] = t.map(sorted);
+    let [bare, sized, scripts, library, same] = t.map(sorted);
     let pair = pct(&bare, 0.5);
     let in_rt = |d: Duration| 2.0 * d.as_secs_f64() / pair.as_secs_f64();
     let line = |d: &[Duration]| format!("{} = {:.2} RT", fmt_d(pct(d, 0.5)), in_rt(pct(d, 0.5)));
@@ -302,6 +309,11 @@ fn pieces(server: &RedisServer, client: &fencelock::LockClient, n: usize, r: &mu
         line(&scripts),
     );
     r.info(B, "pieces: lock + unlock: p50", line(&library));
+    r.info(
+        B,
+        "pieces: lock + unlock of one key, again and again: p50",
+        line(&same),
+    );
     let (sa, sr, sn) = (
         pct(&ran_acquire, 0.5),
         pct(&ran_release, 0.5),
