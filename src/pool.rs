@@ -441,9 +441,9 @@ impl Pool {
     }
 
     /// Sends one command together with those other threads send meanwhile, as one pipeline on
-    /// one connection: group commit. Redis reads and answers a batch in one system call each
-    /// way, which under load costs it a fraction of separate calls. Alone, a call goes out at
-    /// once. A thread sends at most one batch, its own call first, and passes the sending of
+    /// one connection, behind a [`PING`]: group commit. Redis reads and answers a batch in one
+    /// system call each way, which under load costs it a fraction of separate calls. Alone, a
+    /// call goes out at once. A thread sends at most one batch, its own call first, and passes the sending of
     /// the calls queued meanwhile on to the first of them. Nothing is retried here. Who sends
     /// what is the [`Combiner`]'s bookkeeping; this is the connection's part.
     fn combined(&self, packed: Vec<u8>) -> Combined {
@@ -460,8 +460,10 @@ impl Pool {
             let unsent: Vec<Combined> = batch.items().map(|_| Combined::Unsent).collect();
             return batch.answer(unsent).unwrap_or(Combined::Unsent);
         }
-        let mut buf = Vec::with_capacity(batch.items().map(Vec::len).sum());
-        let mut ends = Vec::with_capacity(batch.items().len());
+        let mut buf = Vec::with_capacity(PING.len() + batch.items().map(Vec::len).sum::<usize>());
+        let mut ends = Vec::with_capacity(1 + batch.items().len());
+        buf.extend_from_slice(PING);
+        ends.push(buf.len());
         for packed in batch.items() {
             buf.extend_from_slice(packed);
             ends.push(buf.len());
@@ -490,11 +492,14 @@ impl Pool {
         // The next batch goes out while this one's answers are handed round.
         batch.pass_on();
         let replies: Vec<Combined> = match sent {
-            Err(e) => (0..ends.len())
+            Err(e) => batch
+                .items()
                 .map(|_| Combined::NoConnection(e.same()))
                 .collect(),
+            // The PING's reply, whatever it is, only served the order of Redis' writes.
             Ok((replies, epoch)) => replies
                 .into_iter()
+                .skip(1)
                 .map(|reply| match reply {
                     Some(Ok(value)) => Combined::Reply(value),
                     // Refused before running: the caller runs it alone, which loads the script.
@@ -565,6 +570,16 @@ fn connect(
     }
     made
 }
+
+/// Sent first in each batch of unlocks ([`Pool::combined`]). Redis writes to the clients it has
+/// queued for writing, the most recently queued first, and queues a client at its first reply
+/// of an event-loop turn. Without the PING, a release script that hands the lock to another
+/// client's waiter queues the waiter's subscription (its `PUBLISH`) before this connection (the
+/// script's reply), so Redis wakes the releasing process first and the waiter's after it. With
+/// the PING's reply queued first, the message goes out first, as PostgreSQL wakes a waiting
+/// backend before it answers the unlock. It costs a few microseconds per unlock and saves a
+/// waiter in another process more (docs/benchmarks.md, runs O and Q).
+const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 
 /// The shortest wait for a reply that [`Pool::run_as`] allows near a deadline: below this, a
 /// busy machine would fail calls Redis answered in good time.

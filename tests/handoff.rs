@@ -19,6 +19,32 @@ fn reset_stats(con: &mut redis::Connection) {
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(con).unwrap();
 }
 
+/// Each unlock's release script goes out behind a PING, in the same write. Redis writes to the
+/// clients it has queued for writing the most recently queued first, so with our connection
+/// queued by the PING's reply, a release message to another client's waiter goes out before the
+/// script's reply to us, and the waiter's process wakes first (timed in `benches/`, run Q of
+/// docs/benchmarks.md, not here). A lock sends none.
+///
+/// Fails without the PING (checked): no PING reaches Redis.
+#[test]
+fn unlocks_go_out_behind_a_ping() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    client.lock("warm").unwrap().unlock().unwrap();
+    reset_stats(&mut con);
+    let unlocks = 20;
+    for i in 0..unlocks {
+        client.lock(&format!("ping-{i}")).unwrap().unlock().unwrap();
+    }
+    let pings = command_calls(&mut con, "ping");
+    // The pub/sub connection's heartbeat may add one or two.
+    assert!(
+        (unlocks..unlocks + 5).contains(&pings),
+        "{pings} PING for {unlocks} unlocks"
+    );
+}
+
 /// Threads of one client pass the lock on with one script call each: the release names the next
 /// local waiter and grants it the lock in the same call. (Without handoff each acquisition took
 /// an acquire, a release and, under contention, failed attempts: about three.)

@@ -25,7 +25,8 @@
 //! channel to a thread blocked in `recv` (the listener thread delivering to the waiting thread),
 //! and the order of Redis' writes: a script that publishes, as the release script does (Redis
 //! writes the caller's reply first), against a no-op script followed by a `PUBLISH` in one
-//! pipeline (the message first).
+//! pipeline and a `PING` followed by the script in one pipeline, as the library sends its unlocks
+//! (both write the message first).
 //! Every sample is taken after the same 3-6 ms of idle time as the handoffs. Then the handoff
 //! again, traced: the waiter's process also runs a thread of its own subscribed by pattern to the
 //! release channels ([`spy`]), which times when the release message reaches that process, and
@@ -398,6 +399,10 @@ struct Pieces {
     /// A no-op script, then `PUBLISH`, in one pipeline → the reader: the same work, but the
     /// message is written before the caller's reply.
     script_then_publish_to_reader: Vec<Duration>,
+    /// `PING`, then the script that publishes, in one pipeline → the reader, as the library
+    /// sends its unlocks: the `PING`'s reply queues the caller first, so the message is written
+    /// first.
+    ping_then_script_to_reader: Vec<Duration>,
 }
 
 fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
@@ -427,6 +432,7 @@ fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
         cold_evalsha: Vec::with_capacity(n),
         script_publish_to_reader: Vec::with_capacity(n),
         script_then_publish_to_reader: Vec::with_capacity(n),
+        ping_then_script_to_reader: Vec::with_capacity(n),
     };
     for i in 0..n + 5 {
         idle(i);
@@ -443,10 +449,14 @@ fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
         let replied = mono_ns();
         assert_eq!(receivers, 1, "one subscriber");
         let (read, running) = heard(&sub);
-        // The message written after the caller's reply, then before it; which goes first
-        // alternates, so that neither always follows the other.
-        let mut after_before = [Duration::ZERO; 2];
-        for j in [i % 2, 1 - i % 2] {
+        // The message written after the caller's reply, then before it two ways, in a random
+        // order each time, so that none always follows another.
+        let mut after_before = [Duration::ZERO; 3];
+        let mut order = [0, 1, 2];
+        for k in (1..3).rev() {
+            order.swap(k, (mix(i as u64 * 3 + k as u64) % (k as u64 + 1)) as usize);
+        }
+        for j in order {
             idle(i + 2 + j);
             let sent = mono_ns();
             if j == 0 {
@@ -455,6 +465,16 @@ fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
                     .arg("1 x y")
                     .invoke(&mut con)
                     .expect("publishing script");
+            } else if j == 2 {
+                let _: (String, i64) = redis::pipe()
+                    .cmd("PING")
+                    .cmd("EVALSHA")
+                    .arg(publishes.get_hash())
+                    .arg(1)
+                    .arg(channel)
+                    .arg("1 x y")
+                    .query(&mut con)
+                    .expect("PING, then the publishing script");
             } else {
                 let _: (i64, i64) = redis::pipe()
                     .cmd("EVALSHA")
@@ -475,6 +495,7 @@ fn handoff_pieces(server: &RedisServer, n: usize) -> Pieces {
             p.cold_evalsha.push(cold);
             p.script_publish_to_reader.push(after_before[0]);
             p.script_then_publish_to_reader.push(after_before[1]);
+            p.ping_then_script_to_reader.push(after_before[2]);
         }
     }
     p
@@ -920,6 +941,12 @@ pub fn run(server: &RedisServer, p: &Params, r: &mut Report) {
             fmt_d(pct(&before, 0.5)),
             fmt_d(pct(&before, 0.99))
         ),
+    );
+    let ping = piece(|p| &p.ping_then_script_to_reader);
+    r.info(
+        B,
+        "pieces: PING, then that script, one pipeline → reader: p50 / p99 (as unlocks go)",
+        format!("{} / {}", fmt_d(pct(&ping, 0.5)), fmt_d(pct(&ping, 0.99))),
     );
     let t_grant = sorted(traced.iter().flat_map(|t| t.grant.clone()).collect());
     let t_pub = sorted(traced.iter().flat_map(|t| t.published.clone()).collect());
