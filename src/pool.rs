@@ -571,9 +571,9 @@ fn connect(
     made
 }
 
-/// Sent first in each batch of unlocks ([`Pool::combined`]). Redis writes to the clients it has
-/// queued for writing, the most recently queued first, and queues a client at its first reply
-/// of an event-loop turn. Without the PING, a release script that hands the lock to another
+/// Sent first in each batch of unlocks ([`Pool::combined`]). With its default single-threaded
+/// I/O, Redis writes to the clients it has queued for writing, the most recently queued first,
+/// and queues a client at its first reply of an event-loop turn. Without the PING, a release script that hands the lock to another
 /// client's waiter queues the waiter's subscription (its `PUBLISH`) before this connection (the
 /// script's reply), so Redis wakes the releasing process first and the waiter's after it. With
 /// the PING's reply queued first, the message goes out first, as PostgreSQL wakes a waiting

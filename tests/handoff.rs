@@ -19,7 +19,8 @@ fn reset_stats(con: &mut redis::Connection) {
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(con).unwrap();
 }
 
-/// Each unlock's release script goes out behind a PING, in the same write. Redis writes to the
+/// Each unlock's release script goes out behind a PING (in the same write, which this does not
+/// check). Redis writes to the
 /// clients it has queued for writing the most recently queued first, so with our connection
 /// queued by the PING's reply, a release message to another client's waiter goes out before the
 /// script's reply to us, and the waiter's process wakes first (timed in `benches/`, run Q of
@@ -38,7 +39,8 @@ fn unlocks_go_out_behind_a_ping() {
         client.lock(&format!("ping-{i}")).unwrap().unlock().unwrap();
     }
     let pings = command_calls(&mut con, "ping");
-    // The pub/sub connection's heartbeat may add one or two.
+    // The pub/sub connection may add one or two: its connecting PING, if it comes up after the
+    // reset, and its heartbeat, once a second.
     assert!(
         (unlocks..unlocks + 5).contains(&pings),
         "{pings} PING for {unlocks} unlocks"
