@@ -165,7 +165,8 @@ fn with_replica_acks_an_unreplicated_grant_is_never_reported_held() {
     let client = LockClient::builder(pair.master.url())
         .namespace(support::NAMESPACE)
         .lease(ms(30_000))
-        .min_replica_acks(1, ms(300))
+        // Long enough for a replica on a busy machine to acknowledge while the link is up.
+        .min_replica_acks(1, ms(1_000))
         .build()
         .unwrap();
 
@@ -178,7 +179,7 @@ fn with_replica_acks_an_unreplicated_grant_is_never_reported_held() {
     let started = Instant::now();
     let err = client.lock("acked").unwrap_err();
     assert!(err.is_not_replicated(), "{err:?}");
-    assert!(started.elapsed() >= ms(300), "did not wait for the replica");
+    assert!(started.elapsed() >= ms(1_000), "did not wait for the replica");
     let err = client.try_lock("acked", Duration::ZERO).unwrap_err();
     assert!(err.is_not_replicated(), "{err:?}");
     // The unacknowledged grant was given back, not left to expire.
@@ -223,7 +224,7 @@ fn with_replica_acks_an_unreplicated_handoff_is_never_reported_held() {
     let waiter = LockClient::builder(pair.master.url())
         .namespace(support::NAMESPACE)
         .lease(ms(30_000))
-        .min_replica_acks(1, ms(300))
+        .min_replica_acks(1, ms(1_000))
         .build()
         .unwrap();
     let guard = holder.lock("handed").unwrap();
@@ -234,7 +235,7 @@ fn with_replica_acks_an_unreplicated_handoff_is_never_reported_held() {
     });
     rx.recv().unwrap();
     // Let the waiter queue (its refused attempt is acknowledged), then cut the link.
-    thread::sleep(ms(300));
+    thread::sleep(ms(1_000));
     pair.link.set_mode(Mode::Blackhole);
     guard.unlock().unwrap();
     let outcome = t.join().unwrap();
