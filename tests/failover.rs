@@ -179,7 +179,10 @@ fn with_replica_acks_an_unreplicated_grant_is_never_reported_held() {
     let started = Instant::now();
     let err = client.lock("acked").unwrap_err();
     assert!(err.is_not_replicated(), "{err:?}");
-    assert!(started.elapsed() >= ms(1_000), "did not wait for the replica");
+    assert!(
+        started.elapsed() >= ms(1_000),
+        "did not wait for the replica"
+    );
     let err = client.try_lock("acked", Duration::ZERO).unwrap_err();
     assert!(err.is_not_replicated(), "{err:?}");
     // The unacknowledged grant was given back, not left to expire.
