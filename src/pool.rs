@@ -443,9 +443,9 @@ impl Pool {
     /// Sends one command together with those other threads send meanwhile, as one pipeline on
     /// one connection, behind a [`PING`]: group commit. Redis reads and answers a batch in one
     /// system call each way, which under load costs it a fraction of separate calls. Alone, a
-    /// call goes out at once. A thread sends at most one batch, its own call first, and passes the sending of
-    /// the calls queued meanwhile on to the first of them. Nothing is retried here. Who sends
-    /// what is the [`Combiner`]'s bookkeeping; this is the connection's part.
+    /// call goes out at once. A thread sends at most one batch, its own call first, and passes
+    /// the sending of the calls queued meanwhile on to the first of them. Nothing is retried
+    /// here. Who sends what is the [`Combiner`]'s bookkeeping; this is the connection's part.
     fn combined(&self, packed: Vec<u8>) -> Combined {
         let failures = self.batch_failures.load(Ordering::Relaxed);
         let mut batch = match self.combining.join(packed) {
@@ -573,9 +573,10 @@ fn connect(
 
 /// Sent first in each batch of unlocks ([`Pool::combined`]). With its default single-threaded
 /// I/O, Redis writes to the clients it has queued for writing, the most recently queued first,
-/// and queues a client at its first reply of an event-loop turn. Without the PING, a release script that hands the lock to another
-/// client's waiter queues the waiter's subscription (its `PUBLISH`) before this connection (the
-/// script's reply), so Redis wakes the releasing process first and the waiter's after it. With
+/// and queues a client at its first reply of an event-loop turn. Without the PING, a release
+/// script that hands the lock to another client's waiter queues the waiter's subscription (its
+/// `PUBLISH`) before this connection (the script's reply), so Redis wakes the releasing process
+/// first and the waiter's after it. With
 /// the PING's reply queued first, the message goes out first, as PostgreSQL wakes a waiting
 /// backend before it answers the unlock. It costs a few microseconds per unlock and saves a
 /// waiter in another process more (docs/benchmarks.md, runs O and Q).

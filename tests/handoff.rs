@@ -20,11 +20,10 @@ fn reset_stats(con: &mut redis::Connection) {
 }
 
 /// Each unlock's release script goes out behind a PING (in the same write, which this does not
-/// check). Redis writes to the
-/// clients it has queued for writing the most recently queued first, so with our connection
-/// queued by the PING's reply, a release message to another client's waiter goes out before the
-/// script's reply to us, and the waiter's process wakes first (timed in `benches/`, run Q of
-/// docs/benchmarks.md, not here). A lock sends none.
+/// check). Redis writes to the clients it has queued for writing the most recently queued
+/// first, so with our connection queued by the PING's reply, a release message to another
+/// client's waiter goes out before the script's reply to us, and the waiter's process wakes
+/// first (timed in `benches/`, run Q of docs/benchmarks.md, not here). A lock sends none.
 ///
 /// Fails without the PING (checked): no PING reaches Redis.
 #[test]
