@@ -119,6 +119,13 @@
 //! # Ok(()) }
 //! ```
 //!
+//! That one statement is enough for a write that depends on nothing it read. A job that reads
+//! the row, computes and writes back (a balance, a counter) must **claim the row before it
+//! reads**: first, in the transaction, `UPDATE documents SET fence = $2 WHERE id = $1 AND fence
+//! <= $2` (zero rows: roll back), then the read and the write. Until the new holder's first
+//! write, a stalled old holder's token is still the highest, and its late write could land
+//! between the read and the write-back. [fencing.md] shows the variants.
+//!
 //! # Renewal and loss
 //!
 //! While a guard lives, its client's renewal thread extends the lease about every lease/3, many
