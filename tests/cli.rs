@@ -2,7 +2,9 @@
 //! `run` passes the token and key to CMD and exits with CMD's status; a wait that times out
 //! exits 75; a lock lost while CMD runs gets CMD SIGTERM (SIGKILL after the grace period) and
 //! exits 76; signals to fencelock reach CMD; `status` shows held, free and waiters as text and
-//! JSON; `release --force` lets a waiting `run` in; a wait on a terminal says what it waits for.
+//! JSON; `release --force` lets a waiting `run` in; a wait on a terminal says what it waits for;
+//! against a Redis that does not answer, `run --timeout` ends in time with exit 1, and `status`
+//! and `release --force` within `--connect-timeout` and `--response-timeout`.
 //!
 //! Needs the `cli` feature: `cargo test --all-features` (or `--features cli`).
 
@@ -166,7 +168,12 @@ fn run_exits_75_when_the_lock_is_not_granted_in_time() {
     let mut cmd = fencelock(&server);
     cmd.args(["run", "--timeout", "0s", "busy", "--", "echo", "ran"]);
     let out = finish(cmd);
-    assert_eq!(code(out.status), 75, "stderr: {}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 75, "stderr: {stderr}");
+    assert_eq!(
+        stderr,
+        "fencelock: \"busy\" is held by another holder; not run\n"
+    );
     assert!(held.is_held());
     held.unlock().unwrap();
 }
@@ -544,4 +551,148 @@ fn a_terminals_ctrl_c_reaches_cmd_once_and_fencelock_exits_with_its_status() {
         "CMD did not get exactly one SIGINT: {shown:?}"
     );
     assert!(!lock_exists(&mut con, "interactive"), "not released");
+}
+
+/// Runs `cmd` to its end and returns its output and how long it took.
+fn timed(cmd: Command) -> (Output, Duration) {
+    let started = Instant::now();
+    let out = finish(cmd);
+    (out, started.elapsed())
+}
+
+/// `CLIENT PAUSE` for writes: connections are made and read-only commands answered, but a
+/// script that writes (taking or forcing a lock) gets no reply until the pause ends.
+fn pause_writes(con: &mut redis::Connection, pause: Duration) {
+    let millis = u64::try_from(pause.as_millis()).unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(millis)
+        .arg("WRITE")
+        .query(con)
+        .unwrap();
+}
+
+/// The bounds below are loose (a loaded machine), but each is well under the 5 s that the
+/// library's default connection and response timeouts would take.
+#[test]
+fn run_with_a_timeout_answers_in_time_when_redis_is_frozen() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+
+    // Frozen: connections are accepted by the kernel, and nothing answers. The default
+    // connection timeout (1 s) bounds a `--timeout 0s` run; that is an outage, not "held".
+    server.pause();
+    let mut cmd = fencelock(&server);
+    cmd.args(["run", "--timeout", "0s", "frozen", "--", "echo", "ran"]);
+    let (out, took) = timed(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 1, "after {took:?}; stderr: {stderr}");
+    assert!(
+        took < Duration::from_secs(2),
+        "answered after {took:?}: {stderr}"
+    );
+    assert_eq!(text(&out.stdout), "", "CMD ran without the lock");
+
+    // A lower connection timeout and a longer --timeout: the run gives up within --timeout
+    // plus the connection timeout.
+    let mut cmd = fencelock(&server);
+    cmd.args(["--connect-timeout", "200ms"]).args([
+        "run",
+        "--timeout",
+        "500ms",
+        "frozen",
+        "--",
+        "echo",
+        "ran",
+    ]);
+    let (out, took) = timed(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 1, "after {took:?}; stderr: {stderr}");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "answered after {took:?}: {stderr}"
+    );
+    server.resume();
+
+    // Connected, and then no reply: writes are paused for longer than the response timeout
+    // (5 s by default). --timeout bounds the wait for the reply too.
+    pause_writes(&mut con, Duration::from_secs(8));
+    for timeout in ["0s", "300ms"] {
+        let mut cmd = fencelock(&server);
+        cmd.args(["run", "--timeout", timeout, "paused", "--", "echo", "ran"]);
+        let (out, took) = timed(cmd);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            code(out.status),
+            1,
+            "--timeout {timeout}: after {took:?}; {stderr}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "--timeout {timeout}: answered after {took:?}: {stderr}"
+        );
+        assert!(stderr.contains("did not answer"), "{stderr}");
+        assert_eq!(text(&out.stdout), "", "CMD ran without the lock");
+    }
+}
+
+#[test]
+fn status_and_release_against_a_frozen_redis_end_within_the_timeouts_given() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+
+    server.pause();
+    let mut cmd = fencelock(&server);
+    cmd.args(["--connect-timeout", "200ms", "status", "k"]);
+    let (out, took) = timed(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 1, "after {took:?}; stderr: {stderr}");
+    assert!(
+        took < Duration::from_secs(1),
+        "answered after {took:?}: {stderr}"
+    );
+
+    // The environment stands in for the flag.
+    let mut cmd = fencelock(&server);
+    cmd.env("FENCELOCK_CONNECT_TIMEOUT", "200ms")
+        .args(["release", "--force", "k"]);
+    let (out, took) = timed(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 1, "after {took:?}; stderr: {stderr}");
+    assert!(
+        took < Duration::from_secs(1),
+        "answered after {took:?}: {stderr}"
+    );
+
+    // The default connection timeout is short too: a command line tool fails fast.
+    let mut cmd = fencelock(&server);
+    cmd.args(["status", "k"]);
+    let (out, took) = timed(cmd);
+    assert_eq!(code(out.status), 1, "stderr: {}", text(&out.stderr));
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    server.resume();
+
+    // Connected, and the reply withheld: the response timeout bounds it.
+    pause_writes(&mut con, Duration::from_secs(8));
+    let mut cmd = fencelock(&server);
+    cmd.env("FENCELOCK_RESPONSE_TIMEOUT", "5s") // the flag wins over the environment
+        .args(["--response-timeout", "300ms", "release", "--force", "k"]);
+    let (out, took) = timed(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 1, "after {took:?}; stderr: {stderr}");
+    assert!(
+        took < Duration::from_secs(2),
+        "answered after {took:?}: {stderr}"
+    );
+    assert!(stderr.contains("may still have run"), "{stderr}");
+
+    // Zero is refused as a bad command line.
+    for flag in ["--connect-timeout", "--response-timeout"] {
+        let mut cmd = fencelock(&server);
+        cmd.args([flag, "0s", "status", "k"]);
+        let out = finish(cmd);
+        let stderr = text(&out.stderr);
+        assert_eq!(code(out.status), 2, "{flag}: {stderr}");
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+    }
 }

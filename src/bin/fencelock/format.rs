@@ -30,6 +30,19 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} is too long a duration"))
 }
 
+/// Parses a connection or response timeout: a duration above zero, at most an hour (the
+/// library's [`MAX_TIMEOUT`](fencelock::MAX_TIMEOUT)).
+pub(crate) fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(format!("{text:?} is no time: give it at least 1ms")),
+        d if d > fencelock::MAX_TIMEOUT => Err(format!(
+            "{text:?} is longer than {}, the longest timeout",
+            human(fencelock::MAX_TIMEOUT)
+        )),
+        d => Ok(d),
+    }
+}
+
 /// A duration for people: `850ms`, `2.9s`, `1m05s`, `2h03m`.
 pub(crate) fn human(d: Duration) -> String {
     let millis = d.as_millis();
@@ -104,6 +117,15 @@ mod tests {
         assert!(parse_duration("99999999999999999999999s")
             .unwrap_err()
             .contains("too long"));
+    }
+
+    #[test]
+    fn timeouts_are_above_zero_and_at_most_an_hour() {
+        assert_eq!(parse_timeout("1ms"), Ok(ms(1)));
+        assert_eq!(parse_timeout("1h"), Ok(ms(3_600_000)));
+        assert!(parse_timeout("0s").unwrap_err().contains("at least 1ms"));
+        assert!(parse_timeout("61m").unwrap_err().contains("1h00m"));
+        assert!(parse_timeout("5").unwrap_err().contains("500ms, 30s"));
     }
 
     #[test]

@@ -17,15 +17,32 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use fencelock::{FencingToken, LockClient, LockStatus};
 
-use crate::format::{human, json_string, parse_duration};
+use crate::format::{human, json_string, parse_duration, parse_timeout};
 
-const EXIT_STATUSES: &str = "\
+const AFTER_HELP: &str = "\
+Redis URLs (--url):
+  redis://[user:password@]host[:port][/db]         one server, e.g. redis://10.0.0.1:6379/0
+  redis+unix:///path[?db=N]                        one server over a Unix socket, e.g.
+                                                   redis+unix:///run/redis/redis.sock
+  redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]
+                                                   the master a group of sentinels names, e.g.
+                                                   redis+sentinel://10.0.0.1,10.0.0.2,10.0.0.3/mymaster
+  redis+cluster://[[user]:password@]host[:port][,host[:port]...]
+                                                   a Redis Cluster, from some of its nodes, e.g.
+                                                   redis+cluster://10.0.0.1:30001,10.0.0.2:30002
+  redis+quorum://[[user]:password@]host[:port],host[:port],host[:port][...][/db]
+                                                   a quorum of independent masters, e.g.
+                                                   redis+quorum://redis-1,redis-2,redis-3
+  rediss://, rediss+sentinel://, rediss+cluster://, rediss+quorum://  the same over TLS
+
 Exit statuses:
   0       success (run: CMD exited with 0)
-  1       fencelock failed: Redis unreachable, refused the connection or replied with an error
+  1       fencelock failed: Redis unreachable, not answering in time (run --timeout: within
+          DUR plus the connection timeout), refused the connection or replied with an error
   2       bad command line: an unknown option, a bad duration, a key, namespace, URL or lease
           that fencelock refuses
-  75      run: the lock was not granted within --timeout (EX_TEMPFAIL)
+  75      run: Redis said the lock is held, and it was not granted within --timeout
+          (EX_TEMPFAIL)
   76      run: the lock was lost while CMD ran; CMD was sent SIGTERM (SIGKILL after --grace)
   126     run: CMD could not be executed
   127     run: CMD was not found
@@ -34,9 +51,11 @@ Exit statuses:
 
 /// Run a command under a distributed lock on Redis, look at a lock, or break one.
 #[derive(Debug, Parser)]
-#[command(name = "fencelock", version, after_long_help = EXIT_STATUSES)]
+#[command(name = "fencelock", version, after_long_help = AFTER_HELP)]
 struct Cli {
-    /// The Redis server: redis://[user:password@]host:port/db or redis+unix:///path
+    /// The Redis server, or servers: redis://, redis+unix://, redis+sentinel://,
+    /// redis+cluster:// or redis+quorum:// (rediss... over TLS); "Redis URLs" in --help shows
+    /// each form
     #[arg(
         long,
         global = true,
@@ -52,6 +71,31 @@ struct Cli {
     #[arg(long, global = true, display_order = 101, env = "FENCELOCK_NAMESPACE")]
     namespace: Option<String>,
 
+    /// How long connecting to Redis may take (TCP, TLS, password, database), and waiting for a
+    /// pooled connection
+    #[arg(
+        long,
+        global = true,
+        display_order = 102,
+        value_name = "DUR",
+        value_parser = parse_timeout,
+        env = "FENCELOCK_CONNECT_TIMEOUT",
+        default_value = "1s"
+    )]
+    connect_timeout: Duration,
+
+    /// How long to wait for each reply from Redis
+    #[arg(
+        long,
+        global = true,
+        display_order = 103,
+        value_name = "DUR",
+        value_parser = parse_timeout,
+        env = "FENCELOCK_RESPONSE_TIMEOUT",
+        default_value = "5s"
+    )]
+    response_timeout: Duration,
+
     #[command(subcommand)]
     command: Commands,
 }
@@ -65,9 +109,13 @@ enum Commands {
     /// status. SIGINT, SIGTERM and SIGHUP sent to fencelock are passed on to CMD (a terminal's
     /// Ctrl-C reaches CMD directly and is not sent twice). If the lock is lost while CMD runs,
     /// CMD gets SIGTERM, then SIGKILL after --grace, and fencelock exits with 76.
+    #[command(
+        override_usage = "fencelock [OPTIONS] run [--lease DUR] [--timeout DUR] [--grace DUR] KEY -- CMD [ARGS]..."
+    )]
     Run(RunArgs),
     /// Show whether KEY is held, the holder's fencing token, its remaining lease and how many
     /// clients wait.
+    #[command(override_usage = "fencelock [OPTIONS] status [--json] KEY")]
     Status {
         /// Print one JSON object instead of text
         #[arg(long)]
@@ -82,6 +130,7 @@ enum Commands {
     /// the lock at once, runs too. Fencing tokens keep the old holder's late writes out of
     /// storage that checks them; without such storage, force a lock only once its holder is dead
     /// or stopped.
+    #[command(override_usage = "fencelock [OPTIONS] release --force KEY")]
     Release {
         /// Required: releasing a lock someone else holds breaks mutual exclusion
         #[arg(long, required = true)]
@@ -98,8 +147,9 @@ struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     lease: Option<Duration>,
 
-    /// Give up (exit 75) if the lock is not granted within DUR; 0s makes one attempt [default:
-    /// wait as long as it takes]
+    /// Give up (exit 75) if the lock is not granted within DUR; 0s makes one attempt. If Redis
+    /// does not answer, fencelock exits 1 within DUR plus the connection timeout [default: wait
+    /// as long as it takes]
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     timeout: Option<Duration>,
 
@@ -121,7 +171,11 @@ fn main() -> ExitCode {
         Commands::Run(args) => args.lease,
         _ => None,
     };
-    let client = match client(&cli.url, cli.namespace.as_deref(), lease) {
+    let timeouts = Timeouts {
+        connect: cli.connect_timeout,
+        response: cli.response_timeout,
+    };
+    let client = match client(&cli.url, cli.namespace.as_deref(), lease, timeouts) {
         Ok(client) => client,
         Err(e) => return ExitCode::from(exit::report(&e)),
     };
@@ -131,6 +185,7 @@ fn main() -> ExitCode {
             &run::Run {
                 key: args.key,
                 timeout: args.timeout,
+                connect_timeout: cli.connect_timeout,
                 grace: args.grace,
                 command: args.command,
             },
@@ -141,12 +196,22 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The connection and response timeouts of the client.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    connect: Duration,
+    response: Duration,
+}
+
 fn client(
     url: &str,
     namespace: Option<&str>,
     lease: Option<Duration>,
+    timeouts: Timeouts,
 ) -> fencelock::Result<LockClient> {
-    let mut builder = LockClient::builder(url);
+    let mut builder = LockClient::builder(url)
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.response);
     if let Some(namespace) = namespace {
         builder = builder.namespace(namespace);
     }
@@ -241,7 +306,7 @@ fn force_release(client: &LockClient, key: &str) -> u8 {
     }
 }
 
-/// fencelock's exit statuses (see `EXIT_STATUSES`).
+/// fencelock's exit statuses (see `AFTER_HELP`).
 mod exit {
     use std::os::unix::process::ExitStatusExt;
     use std::process::ExitStatus;
@@ -325,6 +390,91 @@ mod tests {
         ] {
             let err = Cli::try_parse_from(bad).unwrap_err();
             assert_eq!(err.exit_code(), i32::from(exit::USAGE), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_usage_after_a_missing_argument_shows_only_what_is_required() {
+        for (args, usage) in [
+            (
+                &[
+                    "fencelock",
+                    "release",
+                    "--url",
+                    "redis://127.0.0.1:1/",
+                    "job",
+                ][..],
+                "Usage: fencelock [OPTIONS] release --force KEY\n",
+            ),
+            (
+                &["fencelock", "run", "--namespace", "ops", "job"],
+                "Usage: fencelock [OPTIONS] run [--lease DUR] [--timeout DUR] [--grace DUR] KEY \
+                 -- CMD [ARGS]...\n",
+            ),
+            (
+                &["fencelock", "status", "--connect-timeout", "2s"],
+                "Usage: fencelock [OPTIONS] status [--json] KEY\n",
+            ),
+        ] {
+            let shown = Cli::try_parse_from(args).unwrap_err().render().to_string();
+            assert!(shown.contains(usage), "{args:?}: {shown}");
+            assert!(!shown.contains("<URL>"), "{args:?}: {shown}");
+        }
+    }
+
+    #[test]
+    fn every_url_form_in_the_help_is_taken() {
+        let help = Cli::command().render_long_help().to_string();
+        for url in [
+            "redis://10.0.0.1:6379/0",
+            "redis+unix:///run/redis/redis.sock",
+            "redis+sentinel://10.0.0.1,10.0.0.2,10.0.0.3/mymaster",
+            "redis+cluster://10.0.0.1:30001,10.0.0.2:30002",
+            "redis+quorum://redis-1,redis-2,redis-3",
+        ] {
+            assert!(help.contains(url), "{url} not in the help");
+            // Building parses the URL and connects to nothing.
+            let timeouts = Timeouts {
+                connect: Duration::from_secs(1),
+                response: Duration::from_secs(5),
+            };
+            if let Err(e) = client(url, None, None, timeouts) {
+                panic!("{url}: {e}");
+            }
+        }
+        for scheme in [
+            "rediss",
+            "rediss+sentinel",
+            "rediss+cluster",
+            "rediss+quorum",
+        ] {
+            assert!(
+                help.contains(&format!("{scheme}://")),
+                "{scheme} not in the help"
+            );
+        }
+    }
+
+    #[test]
+    fn timeouts_default_to_one_and_five_seconds_and_refuse_zero() {
+        let cli = Cli::try_parse_from(["fencelock", "status", "job"]).unwrap();
+        assert_eq!(cli.connect_timeout, Duration::from_secs(1));
+        assert_eq!(cli.response_timeout, Duration::from_secs(5));
+        let cli = Cli::try_parse_from([
+            "fencelock",
+            "status",
+            "--connect-timeout",
+            "250ms",
+            "--response-timeout",
+            "2s",
+            "job",
+        ])
+        .unwrap();
+        assert_eq!(cli.connect_timeout, Duration::from_millis(250));
+        assert_eq!(cli.response_timeout, Duration::from_secs(2));
+        for flag in ["--connect-timeout", "--response-timeout"] {
+            let err = Cli::try_parse_from(["fencelock", flag, "0s", "status", "job"]).unwrap_err();
+            assert_eq!(err.exit_code(), i32::from(exit::USAGE), "{flag}");
         }
     }
 

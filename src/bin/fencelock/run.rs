@@ -3,6 +3,7 @@
 //! ```text
 //! one attempt ─ granted ───────────────────────────────┐
 //!      └ refused: wait (progress on a terminal; a signal cancels; --timeout: exit 75)
+//!   (--timeout: no answer from Redis within it plus the connection timeout: exit 1)
 //!                                                       ▼
 //! spawn CMD (FENCELOCK_TOKEN, FENCELOCK_KEY) ─► watch: CMD exited → release, exit with its status
 //!                                                      signal      → pass it on to CMD
@@ -31,10 +32,17 @@ const POLL: Duration = Duration::from_millis(20);
 /// How often the line a waiting `run` shows on a terminal is drawn again.
 const REDRAW: Duration = Duration::from_secs(1);
 
+/// How long after `--timeout` plus the connection timeout a run waits for the library's own
+/// report (a connection attempt ends a little after the connection timeout) before it gives
+/// up on Redis itself.
+const SLACK: Duration = Duration::from_millis(200);
+
 /// What `fencelock run` was asked to do.
 pub(crate) struct Run {
     pub(crate) key: String,
     pub(crate) timeout: Option<Duration>,
+    /// The client's connection timeout: with `timeout`, how much longer Redis has to answer.
+    pub(crate) connect_timeout: Duration,
     pub(crate) grace: Duration,
     pub(crate) command: Vec<OsString>,
 }
@@ -45,16 +53,38 @@ pub(crate) fn run(client: &LockClient, run: &Run) -> u8 {
         eprintln!("fencelock: cannot handle signals: {e}");
         return exit::ERROR;
     }
-    let guard = match acquire(client, run) {
+    let guard = match acquire_within(client, run) {
         Ok(guard) => guard,
         Err(Stop::TimedOut) => {
-            let timeout = run.timeout.unwrap_or_default();
-            eprintln!(
-                "fencelock: {:?} was not granted within {}",
-                run.key,
-                human(timeout)
-            );
+            match run.timeout.unwrap_or_default() {
+                zero if zero.is_zero() => {
+                    eprintln!(
+                        "fencelock: {:?} is held by another holder; not run",
+                        run.key
+                    );
+                }
+                timeout => eprintln!(
+                    "fencelock: {:?} was not granted within {}; not run",
+                    run.key,
+                    human(timeout)
+                ),
+            }
             return exit::TEMPFAIL;
+        }
+        Err(Stop::NoAnswer(waited)) => {
+            if std::io::stderr().is_terminal() {
+                // The progress line, if one was drawn.
+                eprint!("\r\x1b[2K");
+            }
+            eprintln!(
+                "fencelock: Redis did not answer within {} (--timeout {} plus the connection \
+                 timeout {}); {:?} not run",
+                human(waited),
+                flag(run.timeout.unwrap_or_default()),
+                human(run.connect_timeout),
+                run.key
+            );
+            return exit::ERROR;
         }
         Err(Stop::Signal(signal)) => {
             eprintln!(
@@ -139,8 +169,10 @@ pub(crate) fn run(client: &LockClient, run: &Run) -> u8 {
 
 /// Why no lock was taken.
 enum Stop {
-    /// `--timeout` passed.
+    /// `--timeout` passed, or (0s) the one attempt found the lock held.
     TimedOut,
+    /// Redis did not answer within `--timeout` plus the connection timeout (this long).
+    NoAnswer(Duration),
     /// A signal ended the wait.
     Signal(libc::c_int),
     Failed(Error),
@@ -154,14 +186,53 @@ impl From<Error> for Stop {
     }
 }
 
+/// [`acquire`], and with `--timeout`, an answer within it plus the connection timeout
+/// whatever Redis does.
+///
+/// The library bounds a wait with a deadline, but not a first attempt's connection (the
+/// connection timeout) and reply (the response timeout, 5 s by default): a Redis that
+/// accepts connections and then stops answering (frozen, overloaded) would hold a cron job's
+/// `--timeout 0s` for that long. So the lock is taken on a thread of its own, and given up
+/// at the bound. A request sent just before Redis stopped may still grant the lock when it
+/// wakes; nobody renews that grant, and it expires with its lease.
+fn acquire_within(client: &LockClient, run: &Run) -> Result<LockGuard, Stop> {
+    let started = Instant::now();
+    let Some(timeout) = run.timeout else {
+        return acquire(client, &run.key, None, started);
+    };
+    let bound = timeout
+        .saturating_add(run.connect_timeout)
+        .saturating_add(SLACK);
+    let (answer, answered) = crossbeam_channel::bounded(1);
+    let (client, key) = (client.clone(), run.key.clone());
+    thread::Builder::new()
+        .name("fencelock-acquire".into())
+        .spawn(move || {
+            // Sent into the void after the bound: the guard drops, releasing the lock.
+            let _ = answer.send(acquire(&client, &key, Some(timeout), started));
+        })
+        .map_err(Stop::Thread)?;
+    match answered.recv_timeout(bound.saturating_sub(started.elapsed())) {
+        Ok(got) => got,
+        Err(RecvTimeoutError::Timeout) => Err(Stop::NoAnswer(started.elapsed())),
+        Err(RecvTimeoutError::Disconnected) => Err(Stop::Thread(std::io::Error::other(
+            "the thread taking the lock ended without an answer",
+        ))),
+    }
+}
+
 /// Takes the lock: one attempt, then (refused) a wait that a signal cancels, shown on a
 /// terminal while it lasts.
-fn acquire(client: &LockClient, run: &Run) -> Result<LockGuard, Stop> {
-    let started = Instant::now();
-    if let Some(guard) = client.try_lock(&run.key, Duration::ZERO)? {
+fn acquire(
+    client: &LockClient,
+    key: &str,
+    timeout: Option<Duration>,
+    started: Instant,
+) -> Result<LockGuard, Stop> {
+    if let Some(guard) = client.try_lock(key, Duration::ZERO)? {
         return Ok(guard);
     }
-    if run.timeout == Some(Duration::ZERO) {
+    if timeout == Some(Duration::ZERO) {
         return Err(Stop::TimedOut);
     }
     // Dropping `done` ends the helper threads: the signal watch and the progress line.
@@ -175,19 +246,19 @@ fn acquire(client: &LockClient, run: &Run) -> Result<LockGuard, Stop> {
             .map_err(Stop::Thread)?
     };
     let progress = std::io::stderr().is_terminal().then(|| {
-        let (client, key) = (client.clone(), run.key.clone());
+        let (client, key) = (client.clone(), key.to_owned());
         thread::Builder::new()
             .name("fencelock-progress".into())
             .spawn(move || show_progress(&client, &key, started, &finished))
     });
 
     let options = LockOptions::new().cancel(cancelled);
-    let got = match run.timeout {
+    let got = match timeout {
         Some(timeout) => {
             let left = timeout.saturating_sub(started.elapsed());
-            client.try_lock_with(&run.key, left, &options)
+            client.try_lock_with(key, left, &options)
         }
-        None => client.lock_with(&run.key, &options).map(Some),
+        None => client.lock_with(key, &options).map(Some),
     };
     drop(done);
     let signal = watcher.join().unwrap_or(None);
@@ -197,7 +268,7 @@ fn acquire(client: &LockClient, run: &Run) -> Result<LockGuard, Stop> {
     match (got, signal) {
         // A signal that came as the lock was granted still stops the run.
         (Ok(Some(guard)), Some(signal)) => {
-            release(guard, &run.key);
+            release(guard, key);
             Err(Stop::Signal(signal))
         }
         (Ok(Some(guard)), None) => Ok(guard),
@@ -322,6 +393,15 @@ fn stop(child: &mut Child, grace: Duration, program: &OsString) {
 fn release(guard: LockGuard, key: &str) {
     if let Err(e) = guard.unlock() {
         eprintln!("fencelock: releasing {key:?} failed, it expires with its lease: {e}");
+    }
+}
+
+/// A duration as the command line gives it: `0s` rather than `0ms`.
+fn flag(d: Duration) -> String {
+    if d.is_zero() {
+        "0s".to_owned()
+    } else {
+        human(d)
     }
 }
 
