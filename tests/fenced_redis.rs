@@ -442,6 +442,17 @@ fn the_builder_validates_every_setting_and_its_store_works() {
             .namespace("no spaces")
             .build(),
         FencedRedis::builder("not a url").build(),
+        FencedRedis::builder(server.url())
+            .min_replica_acks(0, Duration::from_millis(100))
+            .build(),
+        FencedRedis::builder(server.url())
+            .min_replica_acks(1, Duration::ZERO)
+            .build(),
+        // The WAIT shares the connection's reply budget: it must end within it.
+        FencedRedis::builder(server.url())
+            .response_timeout(Duration::from_secs(1))
+            .min_replica_acks(1, Duration::from_secs(1))
+            .build(),
     ];
     for result in bad {
         let err = result.unwrap_err();
