@@ -436,7 +436,9 @@ fn run_locked<T, E: From<Error>>(
 }
 
 /// A fenced store that shares the client's connections (its pool) and its namespace: one set of
-/// connections for the locks and the writes they guard.
+/// connections for the locks and the writes they guard. Its writes wait for the client's
+/// [`min_replica_acks`](Builder::min_replica_acks), if set, as its grants do (see
+/// [`FencedBuilder::min_replica_acks`](crate::FencedBuilder::min_replica_acks)).
 ///
 /// A client on a [quorum](Topology::quorum) of masters has no one server to store on: every
 /// call of such a store fails with [`Error::Rejected`]. Open the store with
@@ -455,7 +457,11 @@ fn run_locked<T, E: From<Error>>(
 /// ```
 impl From<&LockClient> for FencedRedis {
     fn from(client: &LockClient) -> FencedRedis {
-        FencedRedis::on_pool(client.namespace(), Arc::clone(&client.locks.pools))
+        FencedRedis::on_pool(
+            client.namespace(),
+            Arc::clone(&client.locks.pools),
+            client.locks.config.replica_acks,
+        )
     }
 }
 

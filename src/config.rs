@@ -130,7 +130,30 @@ impl Builder {
     /// them.
     ///
     /// `replicas` from 1; `timeout` greater than zero and shorter than the response timeout, as
-    /// the WAIT shares the connection's reply budget. Off by default.
+    /// the WAIT shares the connection's reply budget. Off by default. A
+    /// [`FencedRedis`](crate::FencedRedis) made with `FencedRedis::from(&client)` takes the
+    /// same setting for its writes.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use fencelock::{LockClient, Topology};
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// // Sentinel with two replicas: a grant counts once one of them has it.
+    /// let client = LockClient::builder(Topology::sentinel(
+    ///         ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///         "mymaster"))
+    ///     .min_replica_acks(1, Duration::from_millis(500))
+    ///     .build()?;
+    /// match client.try_lock("report", Duration::from_secs(5)) {
+    ///     Ok(Some(guard)) => guard.unlock()?,
+    ///     Ok(None) => println!("held by another"),
+    ///     // No replica had the grant in time: it was given back; try again later.
+    ///     Err(e) if e.is_not_replicated() => println!("{e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn min_replica_acks(mut self, replicas: u32, timeout: Duration) -> Builder {
         self.config.replica_acks = Some(ReplicaAcks { replicas, timeout });
         self
@@ -267,25 +290,34 @@ impl Config {
             self.connection_timeout,
             self.response_timeout,
         )?;
-        if let Some(acks) = self.replica_acks {
-            if acks.replicas == 0 {
-                return Err(Error::invalid(
-                    "replica acks",
-                    "at least one replica is required",
-                ));
-            }
-            if acks.timeout.is_zero() || acks.timeout >= self.response_timeout {
-                return Err(Error::invalid(
-                    "replica ack timeout",
-                    format!(
-                        "is {:?}; it must be more than zero and shorter than the response timeout ({:?})",
-                        acks.timeout, self.response_timeout
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        validate_replica_acks(self.replica_acks, self.response_timeout)
     }
+}
+
+/// Checks a replica acknowledgement setting, as for `LockClient` and `FencedRedis`: the WAIT
+/// shares its connection's reply budget, so it must end within the response timeout.
+pub(crate) fn validate_replica_acks(
+    acks: Option<ReplicaAcks>,
+    response_timeout: Duration,
+) -> Result<()> {
+    if let Some(acks) = acks {
+        if acks.replicas == 0 {
+            return Err(Error::invalid(
+                "replica acks",
+                "at least one replica is required",
+            ));
+        }
+        if acks.timeout.is_zero() || acks.timeout >= response_timeout {
+            return Err(Error::invalid(
+                "replica ack timeout",
+                format!(
+                    "is {:?}; it must be more than zero and shorter than the response timeout ({:?})",
+                    acks.timeout, response_timeout
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the settings of a pool of connections, as for `LockClient` and `FencedRedis`.

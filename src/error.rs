@@ -123,7 +123,11 @@ pub enum Error {
     /// timeout, so a failover now could undo it. From `lock` and `try_lock`: the grant was
     /// released again (compare-and-delete) and never reported as held. From
     /// [`LockGuard::extend`](crate::LockGuard::extend): the longer lease does not count, and the
-    /// guard stays held until the deadline it had before.
+    /// guard stays held until the deadline it had before. From a
+    /// [`FencedRedis`](crate::FencedRedis) write (with
+    /// [`FencedBuilder::min_replica_acks`](crate::FencedBuilder::min_replica_acks)): the master
+    /// applied the write and keeps it, but a failover may or may not undo it, so its outcome is
+    /// unknown, as after a timeout.
     #[error("the write reached {acked} of the {required} replicas required in time")]
     NotReplicated {
         /// Replicas that acknowledged the write in time.
@@ -186,7 +190,8 @@ impl Error {
         matches!(self, Error::InvalidArgument { .. })
     }
 
-    /// The grant was not acknowledged by enough replicas, and was released.
+    /// A write was not acknowledged by enough replicas in time: a grant, released again; an
+    /// extend, not counted; a fenced store's write, of unknown outcome.
     pub fn is_not_replicated(&self) -> bool {
         matches!(self, Error::NotReplicated { .. })
     }

@@ -8,16 +8,18 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{FromRedisValue, Script};
+use redis::{FromRedisValue, Script, Value};
 
-use crate::config::validate_connections;
+use crate::config::{validate_connections, validate_replica_acks};
 use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
 use crate::pools::Pools;
+use crate::scripts::{self, ReplicaAcks};
 use crate::tls::TlsSettings;
 use crate::token::FencingToken;
 use crate::topology::Topology;
+use crate::wire::{self, Arg, Interrupted};
 
 /// Prepended to every write script: the token comparison they share.
 const PRELUDE: &str = include_str!("scripts/fenced_prelude.lua");
@@ -81,6 +83,8 @@ const POOL_SIZE: u32 = 16;
 pub struct FencedRedis {
     namespace: Arc<str>,
     pool: Arc<Pools>,
+    /// `WAIT replicas timeout` behind every write, on its connection.
+    replica_acks: Option<ReplicaAcks>,
 }
 
 impl FencedRedis {
@@ -120,19 +124,27 @@ impl FencedRedis {
             pool_size: POOL_SIZE,
             connection_timeout: CONNECTION_TIMEOUT,
             response_timeout: RESPONSE_TIMEOUT,
+            replica_acks: None,
             tls: TlsSettings::default(),
         }
     }
 
-    /// A store on `pool`'s connections, under `namespace` (already validated).
-    pub(crate) fn on_pool(namespace: &str, pool: Arc<Pools>) -> FencedRedis {
+    /// A store on `pool`'s connections, under `namespace`, waiting for `replica_acks` after each
+    /// write (all already validated against the pool's response timeout).
+    pub(crate) fn on_pool(
+        namespace: &str,
+        pool: Arc<Pools>,
+        replica_acks: Option<ReplicaAcks>,
+    ) -> FencedRedis {
         FencedRedis {
             namespace: Arc::from(namespace),
             pool,
+            replica_acks,
         }
     }
 
-    /// The same store with its keys under `namespace`, sharing this one's connections.
+    /// The same store with its keys under `namespace`, sharing this one's connections (and its
+    /// [replica acknowledgement](FencedBuilder::min_replica_acks)).
     ///
     /// ASCII letters, digits, `_`, `-`, `.` and `:`, at most
     /// [`MAX_NAMESPACE_LEN`](crate::MAX_NAMESPACE_LEN) bytes, as for `LockClient`. The data and
@@ -155,6 +167,7 @@ impl FencedRedis {
         Ok(FencedRedis {
             namespace: Arc::from(namespace),
             pool: Arc::clone(&self.pool),
+            replica_acks: self.replica_acks,
         })
     }
 
@@ -180,7 +193,9 @@ impl FencedRedis {
     /// written. [`Error::InvalidArgument`] for an empty resource name or one longer than
     /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), before any network call. A connection error or
     /// timeout leaves open whether the write was applied; repeating it with the same token is
-    /// safe.
+    /// safe. With [replica acknowledgement](FencedBuilder::min_replica_acks),
+    /// [`Error::NotReplicated`] if too few replicas had the write in time: the master applied it,
+    /// and a failover may or may not undo it, so its outcome is unknown too.
     pub fn set(&self, resource: &str, token: FencingToken, value: impl AsRef<[u8]>) -> Result<()> {
         self.write(&SET, resource, token, &[value.as_ref()])
     }
@@ -325,8 +340,28 @@ impl FencedRedis {
         Ok(highest.map(FencingToken::from))
     }
 
+    /// The replica acknowledgement every write waits for, if any: `(replicas, timeout)`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let store = fencelock::FencedRedis::builder("redis://127.0.0.1:6379/")
+    ///     .min_replica_acks(1, Duration::from_millis(500))
+    ///     .build()?;
+    /// assert_eq!(store.min_replica_acks(), Some((1, Duration::from_millis(500))));
+    /// assert_eq!(fencelock::FencedRedis::open("redis://127.0.0.1:6379/")?.min_replica_acks(), None);
+    /// # Ok(()) }
+    /// ```
+    pub fn min_replica_acks(&self) -> Option<(u32, Duration)> {
+        self.replica_acks.map(|acks| (acks.replicas, acks.timeout))
+    }
+
     /// Runs one write script: KEYS data and accepted, ARGV the token then `args`. The scripts
     /// reply `{1, result}` when the write was applied and `{0, highest}` when it was refused.
+    /// With replica acks, `WAIT replicas timeout` follows in one pipeline on the same
+    /// connection, so that it counts the replicas that have this very write (and everything
+    /// before it: every applied script writes the accepted record).
     fn write<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -342,10 +377,31 @@ impl FencedRedis {
         }
         // Not repeated on a broken connection: the first run may have been applied, and an
         // increment must not be applied twice.
-        let (applied, reply): (i64, redis::Value) =
-            self.pool.run_once(&keys.data, |con| call.invoke(con))?;
+        let (reply, acked) = match self.replica_acks {
+            None => (
+                self.pool
+                    .run_once(&keys.data, |con| call.invoke::<Value>(con))?,
+                None,
+            ),
+            Some(acks) => {
+                let packed = pack_acked(script, &keys, token, args, acks);
+                self.pool
+                    .run_once(&keys.data, |con| acked_write(con, script, &packed))
+                    .map(|(reply, acked)| (reply, Some(acked)))?
+            }
+        };
+        let (applied, reply): (i64, Value) =
+            redis::from_redis_value(reply).map_err(|e| Error::from_redis(e.into()))?;
         let parsed = if applied == 1 {
-            T::from_redis_value(reply).map(Ok)
+            match (self.replica_acks, acked) {
+                (Some(acks), Some(acked)) if acked < acks.replicas => {
+                    return Err(Error::NotReplicated {
+                        acked,
+                        required: acks.replicas,
+                    })
+                }
+                _ => T::from_redis_value(reply).map(Ok),
+            }
         } else {
             u64::from_redis_value(reply).map(|highest| {
                 Err(Error::StaleToken {
@@ -357,6 +413,68 @@ impl FencedRedis {
         };
         parsed.map_err(|e| Error::from_redis(e.into()))?
     }
+}
+
+/// One write script call by EVALSHA followed by `WAIT replicas timeout`, encoded, and where the
+/// first ends.
+fn pack_acked(
+    script: &Script,
+    keys: &ResourceKeys,
+    token: FencingToken,
+    args: &[&[u8]],
+    acks: ReplicaAcks,
+) -> (Vec<u8>, usize) {
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha
+        .arg(script.get_hash())
+        .arg(2)
+        .arg(&keys.data)
+        .arg(&keys.accepted)
+        .arg(token.as_u64());
+    for arg in args {
+        evalsha.arg(*arg);
+    }
+    let mut packed = evalsha.get_packed_command();
+    let first = packed.len();
+    wire::pack(
+        &mut packed,
+        &[
+            Arg::Str("WAIT"),
+            Arg::Int(u64::from(acks.replicas)),
+            Arg::Int(scripts::millis(acks.timeout)),
+        ],
+    );
+    (packed, first)
+}
+
+/// Sends a write packed by [`pack_acked`]: the script's reply, and how many replicas
+/// acknowledged.
+fn acked_write(
+    con: &mut redis::Connection,
+    script: &Script,
+    (packed, first): &(Vec<u8>, usize),
+) -> redis::RedisResult<(Value, u32)> {
+    // An interrupted reply is left unanswered, never asked for again alone: a WAIT must follow
+    // the write it counts, and the write must not run twice.
+    let replies = scripts::run_pipeline(
+        con,
+        script,
+        packed,
+        &[*first, packed.len()],
+        Interrupted::LeaveUnanswered,
+    )?;
+    let mut replies = replies.into_iter();
+    let reply = match replies.next() {
+        Some(Some(reply)) => reply?,
+        _ => return Err(wire::interrupted_error()),
+    };
+    // A WAIT refused (an ACL without it; UNBLOCKED when the master is demoted under it) or its
+    // reply unread counts no replica, as for the lock.
+    let acked = match replies.next() {
+        Some(Some(Ok(acked))) => u32::from_redis_value(acked).unwrap_or(0),
+        _ => 0,
+    };
+    Ok((reply, acked))
 }
 
 /// Configures and builds a [`FencedRedis`]; made by [`FencedRedis::builder`].
@@ -372,6 +490,7 @@ pub struct FencedBuilder {
     pool_size: u32,
     connection_timeout: Duration,
     response_timeout: Duration,
+    replica_acks: Option<ReplicaAcks>,
     tls: TlsSettings,
 }
 
@@ -402,6 +521,62 @@ impl FencedBuilder {
     /// Defaults to 5 s.
     pub fn response_timeout(mut self, timeout: Duration) -> FencedBuilder {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Makes every write wait until at least `replicas` replicas have it, for at most
+    /// `timeout`: on Sentinel or Cluster, a failover then cannot undo a write reported
+    /// accepted, nor let an older token in after it. Off by default.
+    ///
+    /// Each write script goes out with a `WAIT replicas timeout` behind it, in one pipeline on
+    /// one connection, so the count is for this very write. A write acknowledged by fewer
+    /// replicas in time is reported as [`Error::NotReplicated`], not as accepted. It is not
+    /// undone: the master applied it, and whether it survives a failover depends on whether the
+    /// promoted replica received it. Treat it as a write whose outcome is unknown, like a
+    /// timeout: repeat it with the same token (safe for `set`, `delete` and `claim`; an
+    /// `incr_by` may count twice), or give the work up. A refused write
+    /// ([`Error::StaleToken`]) stays refused, though it may wait up to `timeout` for the WAIT
+    /// when replicas lag.
+    ///
+    /// Without it, a write is reported accepted once the master has it: if the master then
+    /// fails before a replica received the write, the promoted replica has the older value and
+    /// the older accepted token, and the write of a holder that stalled with a lower token is
+    /// accepted there, undoing the newer holder's work.
+    ///
+    /// A store made with `FencedRedis::from(&client)` takes the client's
+    /// [`Builder::min_replica_acks`](crate::Builder::min_replica_acks) instead: the writes a
+    /// lock guards wait for the replicas as its grants do.
+    ///
+    /// `replicas` from 1 (no more than the master has, or every write is `NotReplicated`);
+    /// `timeout` greater than zero and shorter than the response timeout, as the WAIT shares the
+    /// connection's reply budget.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use fencelock::{FencedRedis, LockClient};
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let url = "redis+sentinel://10.0.0.1,10.0.0.2,10.0.0.3/mymaster";
+    /// let locks = LockClient::builder(url)
+    ///     .min_replica_acks(1, Duration::from_millis(500))
+    ///     .build()?;
+    /// let store = FencedRedis::builder(url)
+    ///     .min_replica_acks(1, Duration::from_millis(500))
+    ///     .build()?;
+    ///
+    /// let guard = locks.lock("report")?;
+    /// match store.set("report", guard.token(), "totals for May") {
+    ///     Ok(()) => println!("written, and on a replica"),
+    ///     Err(e) if e.is_stale_token() => println!("taken over: {e}"),
+    ///     // On the master only: a failover may lose it. Unknown, like a timeout.
+    ///     Err(e) if e.is_not_replicated() => println!("unknown, write again: {e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// guard.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn min_replica_acks(mut self, replicas: u32, timeout: Duration) -> FencedBuilder {
+        self.replica_acks = Some(ReplicaAcks { replicas, timeout });
         self
     }
 
@@ -466,13 +641,18 @@ impl FencedBuilder {
             self.connection_timeout,
             self.response_timeout,
         )?;
+        validate_replica_acks(self.replica_acks, self.response_timeout)?;
         let pool = Pools::new(
             connector,
             self.pool_size,
             self.connection_timeout,
             self.response_timeout,
         );
-        Ok(FencedRedis::on_pool(&self.namespace, Arc::new(pool)))
+        Ok(FencedRedis::on_pool(
+            &self.namespace,
+            Arc::new(pool),
+            self.replica_acks,
+        ))
     }
 }
 
@@ -484,6 +664,7 @@ impl fmt::Debug for FencedBuilder {
             .field("pool_size", &self.pool_size)
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("replica_acks", &self.replica_acks)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
@@ -494,6 +675,7 @@ impl fmt::Debug for FencedRedis {
         // No URL: it may carry a password.
         f.debug_struct("FencedRedis")
             .field("namespace", &self.namespace)
+            .field("replica_acks", &self.replica_acks)
             .finish_non_exhaustive()
     }
 }

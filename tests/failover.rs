@@ -366,3 +366,164 @@ fn with_replica_acks_a_refused_wait_does_not_lose_the_lock() {
         "a refused WAIT lost a lock the master still has"
     );
 }
+
+// Fenced storage (`FencedRedis`) across a failover.
+
+fn t(n: u64) -> fencelock::FencingToken {
+    fencelock::FencingToken::from(n)
+}
+
+/// A store on `server` in the test namespace, with `acks` replicas to wait for (1 s each).
+fn store(server: &RedisServer, acks: Option<u32>) -> fencelock::FencedRedis {
+    let builder = fencelock::FencedRedis::builder(server.url()).namespace(support::NAMESPACE);
+    match acks {
+        // Long enough for a replica on a busy machine to acknowledge while the link is up.
+        Some(n) => builder.min_replica_acks(n, ms(1_000)),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+fn text(store: &fencelock::FencedRedis, resource: &str) -> Option<String> {
+    store
+        .get(resource)
+        .unwrap()
+        .map(|bytes| String::from_utf8(bytes).unwrap())
+}
+
+/// The master dies and its replica, cut off since the link was blackholed, is promoted.
+fn fail_over(pair: Pair) -> RedisServer {
+    let Pair {
+        mut master,
+        replica,
+        link,
+    } = pair;
+    master.kill();
+    drop(link);
+    let mut promoted = replica.connection();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut promoted)
+        .unwrap();
+    replica
+}
+
+/// With the replication link cut, every kind of write is reported not replicated, never
+/// accepted; without replica acknowledgement the same write is reported accepted.
+#[test]
+fn with_replica_acks_an_unreplicated_fenced_write_is_never_reported_accepted() {
+    let pair = Pair::start();
+    let acked = store(&pair.master, Some(1));
+    let plain = store(&pair.master, None);
+
+    // With the link up, writes are acknowledged and accepted.
+    acked.set("doc", t(5), "five").unwrap();
+    assert_eq!(acked.incr_by("count", t(5), 1).unwrap(), 1);
+
+    pair.link.set_mode(Mode::Blackhole);
+    let started = Instant::now();
+    let not_replicated = |what: &str, result: fencelock::Result<String>| match result {
+        Err(fencelock::Error::NotReplicated { acked, required }) => {
+            assert_eq!((acked, required), (0, 1), "{what}");
+        }
+        other => panic!("{what}: expected NotReplicated, got {other:?}"),
+    };
+    not_replicated(
+        "set",
+        acked.set("doc", t(6), "six").map(|()| "accepted".into()),
+    );
+    assert!(
+        started.elapsed() >= ms(1_000),
+        "did not wait for the replica"
+    );
+    not_replicated(
+        "incr_by",
+        acked.incr_by("count", t(6), 1).map(|n| n.to_string()),
+    );
+    not_replicated("delete", acked.delete("gone", t(6)).map(|d| d.to_string()));
+    not_replicated(
+        "claim",
+        acked.claim("doc", t(7)).map(|()| "accepted".into()),
+    );
+    // The same token again, from a store whose connection has written nothing before: the
+    // script writes the record anyway, so the WAIT behind it counts this write, not none (from
+    // Redis 7.2, a WAIT on a connection that wrote nothing counts every connected replica).
+    let fresh = store(&pair.master, Some(1));
+    not_replicated(
+        "claim again",
+        fresh.claim("doc", t(7)).map(|()| "accepted".into()),
+    );
+    // A store made from a client with replica acks waits as the client does.
+    let client = LockClient::builder(pair.master.url())
+        .namespace(support::NAMESPACE)
+        .min_replica_acks(1, ms(1_000))
+        .build()
+        .unwrap();
+    let shared = fencelock::FencedRedis::from(&client);
+    assert_eq!(shared.min_replica_acks(), Some((1, ms(1_000))));
+    not_replicated(
+        "set through a client's store",
+        shared.set("doc", t(7), "seven").map(|()| "accepted".into()),
+    );
+    // The master applied them all: not replicated is not undone.
+    assert_eq!(text(&acked, "doc").as_deref(), Some("seven"));
+    assert_eq!(acked.get_i64("count").unwrap(), Some(2));
+    assert_eq!(acked.highest_token("doc").unwrap(), Some(t(7)));
+    // A stale write stays refused.
+    let err = acked.set("doc", t(4), "four").unwrap_err();
+    assert!(err.is_stale_token(), "{err:?}");
+
+    // Without replica acknowledgement, the same write is reported accepted.
+    plain.set("doc", t(8), "eight").unwrap();
+}
+
+/// The rollback: a write reported accepted with a newer token is lost in a failover, and a
+/// stalled holder's write with an older token is then accepted. With replica acknowledgement,
+/// every write reported accepted is on the promoted replica, and the older token is refused.
+#[test]
+fn a_failover_lets_an_older_token_into_a_fenced_store_only_without_replica_acks() {
+    for acks in [None, Some(1)] {
+        let pair = Pair::start();
+        let store = store(&pair.master, acks);
+        // Holder 1 wrote while the link was up; holder 2 took over and writes while the replica
+        // lags (here: the link is cut).
+        store.set("doc", t(1), "by holder 1").unwrap();
+        pair.await_replicated();
+        pair.link.set_mode(Mode::Blackhole);
+        let by_two = store.set("doc", t(2), "by holder 2");
+
+        let promoted = fail_over(pair);
+        let after = self::store(&promoted, acks);
+        // Holder 1, stalled with token 1, wakes and writes.
+        let late = after.set("doc", t(1), "late, by holder 1");
+        match acks {
+            None => {
+                // Holder 2 was told its write was accepted; the failover lost it, and the stale
+                // write went in.
+                assert!(by_two.is_ok(), "{by_two:?}");
+                assert!(late.is_ok(), "{late:?}");
+                assert_eq!(text(&after, "doc").as_deref(), Some("late, by holder 1"));
+            }
+            Some(_) => {
+                // Holder 2 was told its write's outcome is unknown, never that it was accepted.
+                let err = by_two.unwrap_err();
+                assert!(err.is_not_replicated(), "{err:?}");
+            }
+        }
+    }
+
+    // With replica acknowledgement, a write reported accepted survives the failover, and the
+    // older token is refused on the promoted replica.
+    let pair = Pair::start();
+    let store = store(&pair.master, Some(1));
+    store.set("doc", t(1), "by holder 1").unwrap();
+    store.set("doc", t(2), "by holder 2").unwrap();
+    pair.link.set_mode(Mode::Blackhole);
+    let promoted = fail_over(pair);
+    let after = self::store(&promoted, Some(1));
+    let err = after.set("doc", t(1), "late, by holder 1").unwrap_err();
+    assert!(err.is_stale_token(), "{err:?}");
+    assert_eq!(text(&after, "doc").as_deref(), Some("by holder 2"));
+}

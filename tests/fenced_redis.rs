@@ -5,6 +5,8 @@
 mod fenced;
 mod support;
 
+use std::time::Duration;
+
 use fenced::{assert_never_decreasing, assert_only_late_writes_refused, run_writers, Takeover};
 use fencelock::{Error, FencedRedis, FencingToken};
 use support::{lock_client, RedisServer, NAMESPACE};
@@ -425,7 +427,6 @@ fn a_store_made_from_a_client_shares_its_connections_and_namespace() {
 
 #[test]
 fn the_builder_validates_every_setting_and_its_store_works() {
-    use std::time::Duration;
     let server = RedisServer::start();
     let bad = [
         FencedRedis::builder(server.url()).pool_size(0).build(),
@@ -442,6 +443,17 @@ fn the_builder_validates_every_setting_and_its_store_works() {
             .namespace("no spaces")
             .build(),
         FencedRedis::builder("not a url").build(),
+        FencedRedis::builder(server.url())
+            .min_replica_acks(0, Duration::from_millis(100))
+            .build(),
+        FencedRedis::builder(server.url())
+            .min_replica_acks(1, Duration::ZERO)
+            .build(),
+        // The WAIT shares the connection's reply budget: it must end within it.
+        FencedRedis::builder(server.url())
+            .response_timeout(Duration::from_secs(1))
+            .min_replica_acks(1, Duration::from_secs(1))
+            .build(),
     ];
     for result in bad {
         let err = result.unwrap_err();
@@ -458,4 +470,111 @@ fn the_builder_validates_every_setting_and_its_store_works() {
     store.set("built", t(3), "x").unwrap();
     assert_eq!(refused(store.set("built", t(2), "y")), (2, 3));
     assert_eq!(text(&store, "built").as_deref(), Some("x"));
+}
+
+/// `(acked, required)` of a write reported not replicated; panics on any other outcome.
+fn not_replicated(result: fencelock::Result<()>) -> (u32, u32) {
+    match result {
+        Err(Error::NotReplicated { acked, required }) => (acked, required),
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+}
+
+/// On Sentinel, writes wait for the replica of whichever server is master: through a failover,
+/// and with that replica frozen.
+#[test]
+fn on_sentinel_replica_acks_follow_the_master_through_a_failover() {
+    use fencelock::Topology;
+    use support::sentinel::{SentinelSet, MASTER_NAME};
+
+    let set = SentinelSet::start(1);
+    let store = FencedRedis::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
+        .namespace(NAMESPACE)
+        .min_replica_acks(1, support::ms(1_000))
+        .build()
+        .unwrap();
+    store.set("doc", t(1), "one").unwrap();
+
+    let new_master = set.failover();
+    // The old master rejoins as the new one's replica after a while: until then, writes are
+    // not replicated.
+    support::poll_until(Duration::from_secs(30), support::ms(200), || {
+        match store.set("doc", t(2), "two") {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_replicated() || e.is_connection() || e.is_timeout() => {
+                Err(e.to_string())
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    })
+    .unwrap_or_else(|why| panic!("no write acknowledged after the failover: {why}"));
+    assert_eq!(refused(store.set("doc", t(1), "stale")), (1, 2));
+
+    // The new master's replica (the old master) frozen: nothing acknowledges.
+    let replica = set
+        .servers()
+        .iter()
+        .find(|s| s.port() != new_master)
+        .unwrap();
+    replica.pause();
+    let outcome = store.set("doc", t(3), "three");
+    replica.resume();
+    assert_eq!(not_replicated(outcome), (0, 1));
+    let mut con = set.servers()[set.server_by_port(new_master)].connection();
+    let on_master: Option<String> = redis::cmd("GET")
+        .arg(format!("{NAMESPACE}:data:{{doc}}"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        on_master.as_deref(),
+        Some("three"),
+        "not kept on the master"
+    );
+}
+
+/// On Cluster, each write waits for a replica of the master of its resource's slot: a frozen
+/// replica fails the writes of its master's slots only.
+#[test]
+fn on_cluster_replica_acks_are_counted_per_master() {
+    use fencelock::Topology;
+    use support::cluster::ClusterSet;
+
+    let set = ClusterSet::start(2, 1);
+    let store = FencedRedis::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .min_replica_acks(1, support::ms(1_000))
+        .build()
+        .unwrap();
+    let master_of = |resource: &str| {
+        set.master_of_slot(ClusterSet::slot_of(&format!(
+            "{NAMESPACE}:data:{{{resource}}}"
+        )))
+    };
+    let resources: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+    let a = resources[0].clone();
+    let b = resources
+        .iter()
+        .find(|r| master_of(r) != master_of(&a))
+        .expect("100 resources all on one master")
+        .clone();
+    // Both masters' replicas have caught up once a write is acknowledged.
+    for r in [&a, &b] {
+        support::poll_until(Duration::from_secs(20), support::ms(200), || {
+            store.set(r, t(1), "one").map_err(|e| e.to_string())
+        })
+        .unwrap_or_else(|why| panic!("{r}: never acknowledged: {why}"));
+    }
+
+    let replica = set.index_of_port(set.replica_of(master_of(&a)));
+    set.pause(replica);
+    let on_a = store.set(&a, t(2), "two");
+    let on_b = store.set(&b, t(2), "two");
+    set.resume(replica);
+    assert_eq!(not_replicated(on_a), (0, 1), "{a}");
+    on_b.unwrap_or_else(|e| panic!("{b}, whose master's replica is up: {e:?}"));
+    assert_eq!(
+        text(&store, &a).as_deref(),
+        Some("two"),
+        "kept on the master"
+    );
 }

@@ -4,6 +4,12 @@
 -- are compared as strings, shorter first: Lua numbers are doubles, so tokens above 2^53 would
 -- round and two different tokens could compare equal.
 --
+-- Every write script that goes ahead SETs the accepted-token key, even to the token it holds
+-- already: with replica acknowledgement a WAIT follows the script on its connection, and from
+-- Redis 7.2 a WAIT counts only what its own connection wrote (on a connection that wrote nothing,
+-- every connected replica counts, lagging or not). That SET makes it count this write and all
+-- before it.
+--
 -- refuse_stale(accepted_key, token)
 --   nil            nothing accepted yet, or token >= the accepted token: the write may go ahead
 --   {0, highest}   token is lower than the accepted token; the script returns this as its reply
