@@ -174,6 +174,19 @@ impl Connector {
         }
     }
 
+    /// Whether a call that found its master unreachable (no reply, no connection) may find
+    /// another one by asking the deployment again: under Sentinel, while a sentinel named the
+    /// master when last asked; on a Cluster, while a node told the map when last asked. A
+    /// single server, a quorum, or a deployment whose sentinels or nodes all stopped answering
+    /// has no other master to offer.
+    pub(crate) fn fails_over(&self) -> bool {
+        match &self.shape {
+            Shape::Single(_) | Shape::Quorum(_) => false,
+            Shape::Sentinel(sentinel) => sentinel.answered(),
+            Shape::Cluster(cluster) => cluster.answered(),
+        }
+    }
+
     /// Whether keys are spread over several nodes (a cluster), so that calls are routed.
     pub(crate) fn routes(&self) -> bool {
         matches!(self.shape, Shape::Cluster(_))

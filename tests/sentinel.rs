@@ -349,3 +349,76 @@ fn a_client_built_while_the_master_is_down_answers_within_its_timeouts() {
     // Granted on the promoted replica: the sentinels have moved off the old master.
     set.wait_for_switch(old, Duration::from_secs(10));
 }
+
+/// A client with the default connection and response timeouts (5 s), as a user builds one.
+fn default_client(set: &SentinelSet) -> LockClient {
+    LockClient::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
+        .namespace("sentinel")
+        .lease(ms(4000))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_try_lock_after_a_frozen_master_was_replaced_is_granted_on_the_new_one() {
+    let mut set = SentinelSet::start(1);
+    let clients = [default_client(&set), default_client(&set)];
+    // Clients that worked before the freeze, and go on working through it.
+    let workload = Workload::start(&clients, 2, 4);
+    workload.await_grants(&[0, 0], 10, Duration::from_secs(20));
+    let old = set.master_port();
+    let old_index = set.master_index();
+    set.servers()[old_index].pause();
+    let new = set.wait_for_switch(old, Duration::from_secs(30));
+    await_every_sentinel_names(&set, new, Duration::from_secs(10));
+    let started = Instant::now();
+    let outcome = clients[0].try_lock("after", Duration::from_secs(20));
+    let took = started.elapsed();
+    set.server_mut(old_index).resume();
+    let history = workload.stop();
+    history.check().unwrap();
+    match outcome {
+        Ok(Some(guard)) => assert!(guard.is_held()),
+        other => panic!(
+            "try_lock(20 s) after the failover to {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+}
+
+#[test]
+fn a_try_lock_that_meets_a_frozen_master_is_granted_on_the_one_that_replaces_it() {
+    let mut set = SentinelSet::start(1);
+    let client = client(&set, 4000);
+    client.lock("frozen").unwrap().unlock().unwrap();
+    let old = set.master_port();
+    let old_index = set.master_index();
+    set.servers()[old_index].pause();
+    let started = Instant::now();
+    // `lock` without a deadline rides the failover too.
+    let locking = {
+        let client = client.clone();
+        thread::spawn(move || client.lock("frozen-too").map(|guard| guard.is_held()))
+    };
+    // Sent to the frozen master: its reply never comes within the response timeout (1 s),
+    // and the sentinels promote the replica about 3 s after the freeze.
+    let outcome = client.try_lock("frozen", Duration::from_secs(20));
+    let took = started.elapsed();
+    let new = set.wait_for_switch(old, Duration::from_secs(10));
+    let locked = locking.join().unwrap();
+    set.server_mut(old_index).resume();
+    assert!(
+        matches!(locked, Ok(true)),
+        "lock() through the failover: {locked:?}"
+    );
+    match outcome {
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            assert!(took < Duration::from_secs(20), "{took:?}");
+        }
+        other => panic!(
+            "try_lock(20 s) through the failover {old} -> {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+}

@@ -56,6 +56,8 @@ pub(crate) struct Cluster {
     refreshing: Mutex<()>,
     /// Ask for the map again before the next call.
     suspect: AtomicBool,
+    /// The last question for the map was answered: see [`Cluster::answered`].
+    answered: AtomicBool,
     /// The client's connection timeout: a connection given less (by a caller's deadline) that
     /// times out says nothing about the node.
     connection_timeout: Duration,
@@ -135,6 +137,7 @@ impl Cluster {
             map: RwLock::new(map),
             refreshing: Mutex::new(()),
             suspect: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
             connection_timeout,
         })
     }
@@ -233,6 +236,13 @@ impl Cluster {
         self.refresh_avoiding(connection_timeout, deadline, None)
     }
 
+    /// Whether a node told the map when it was last asked for: while one does, a master that
+    /// stopped answering may yet be replaced by its replica, and a caller with time left asks
+    /// again. With no node answering, nothing new can be learnt.
+    pub(crate) fn answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     /// [`refresh`](Cluster::refresh), asking `avoid` last.
     fn refresh_avoiding(
         &self,
@@ -297,6 +307,7 @@ impl Cluster {
             match ask_slots(&client, left.min(connection_timeout)) {
                 Ok(ranges) if !ranges.is_empty() => {
                     self.apply(&addr, ranges);
+                    self.answered.store(true, Ordering::Relaxed);
                     drop(turn);
                     return Ok(());
                 }
@@ -308,6 +319,10 @@ impl Cluster {
                     said.push(format!("{addr}: {e}"));
                 }
             }
+        }
+        // Nodes cut short by a caller's deadline may only be slow.
+        if deadline.is_none_or(|d| d >= started + connection_timeout) {
+            self.answered.store(false, Ordering::Relaxed);
         }
         drop(turn);
         Err(Error::Connection(

@@ -62,6 +62,9 @@ struct State {
     /// The client's connection timeout: a connection given less (by a caller's deadline) that
     /// times out says nothing about the master.
     connection_timeout: Duration,
+    /// The last round of questions got the master's address from a sentinel: see
+    /// [`Sentinel::answered`].
+    answered: AtomicBool,
 }
 
 /// A sentinel, and how to show it in a message.
@@ -131,6 +134,7 @@ impl Sentinel {
             resolved: Condvar::new(),
             epoch: AtomicU64::new(0),
             connection_timeout,
+            answered: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&state);
         let timeout = connection_timeout.clamp(Duration::from_millis(10), Duration::from_secs(5));
@@ -143,6 +147,13 @@ impl Sentinel {
 
     pub(crate) fn epoch(&self) -> u64 {
         self.state.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether a sentinel named the master when they were last asked: while they answer, a
+    /// master that stopped answering may yet be replaced, and a caller with time left asks
+    /// again. With every sentinel out of reach, nothing new can be learnt.
+    pub(crate) fn answered(&self) -> bool {
+        self.state.answered.load(Ordering::Relaxed)
     }
 
     /// A new connection to the master, checked with `ROLE`, made within `connect_timeout`
@@ -247,7 +258,14 @@ impl State {
                 }
             }
         }
-        let named = self.ask(deadline)?;
+        // Sentinels that gave no answer within less than the connection timeout (what a
+        // caller's deadline, or the wait for another thread's question, left) may only be slow.
+        let cut = left(deadline) < self.connection_timeout;
+        let named = self.ask(deadline);
+        if named.is_ok() || !cut {
+            self.answered.store(named.is_ok(), Ordering::Relaxed);
+        }
+        let named = named?;
         self.observe(&named)?;
         let mut current = self.current();
         current.suspect = false;
