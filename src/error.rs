@@ -21,6 +21,35 @@ fn rejected(cause: &BoxError) -> String {
     }
 }
 
+/// The message of [`Error::NotWritable`]: what the refusal means and what to do, without the
+/// script's hash and line that Redis puts in a refusal of a script's write (the cause keeps
+/// them).
+fn not_writable(cause: &BoxError) -> String {
+    let code = cause
+        .downcast_ref::<redis::RedisError>()
+        .and_then(redis::RedisError::code)
+        .map(str::to_owned)
+        .or_else(|| {
+            let text = cause.to_string();
+            NOT_WRITABLE
+                .iter()
+                .find(|code| text.contains(*code))
+                .map(|code| (*code).to_owned())
+        });
+    match code.as_deref() {
+        Some("NOREPLICAS") => "the master refused the write (NOREPLICAS): fewer replicas are in              sync with it than its `min-replicas-to-write` requires. Right after a failover              this lasts until a replica has synced with the new master, which takes seconds              when its only replica is the old master being reconfigured: run two replicas, so              that the new master has one at once. Otherwise check the replicas' links to the              master (`min-replicas-max-lag`)"
+            .to_owned(),
+        Some("MASTERDOWN") => "the server refused the write (MASTERDOWN): it is a replica whose              link to its master is down; point the client at the master (with Sentinel, the              client finds it itself once the failover completes)"
+            .to_owned(),
+        Some("READONLY") => "the server refused the write (READONLY): it is a read-only              replica; point the client at the master (with Sentinel or Cluster, the client              finds it itself once the failover completes)"
+            .to_owned(),
+        _ => format!("the server refused the write: {cause}"),
+    }
+}
+
+/// The codes of [`Error::NotWritable`].
+const NOT_WRITABLE: [&str; 3] = ["NOREPLICAS", "MASTERDOWN", "READONLY"];
+
 /// Everything that can go wrong, as one enum to match or branch on with its predicates.
 ///
 /// Branch on the predicates ([`is_lock_lost`](Error::is_lock_lost),
@@ -132,8 +161,22 @@ pub enum Error {
         required: u32,
     },
 
-    /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
-    /// LOADING, a wrong type at a lock key, ...
+    /// The server refused to write because it is not, for now, a master that may take writes:
+    /// `NOREPLICAS` (fewer replicas in sync than its `min-replicas-to-write`, as for several
+    /// seconds after a failover when the new master's only replica is the old master being
+    /// reconfigured), `MASTERDOWN` (a replica cut off from its master) or `READONLY` (a
+    /// replica). Nothing was written; the message says what to do, and
+    /// [`redis_code`](Error::redis_code) gives the code.
+    ///
+    /// On Sentinel and Cluster such a refusal is a passing state of a failover: a lock call with
+    /// time left asks the deployment for the master again and attempts again until its
+    /// deadline (`lock`: for up to 60 s), as for a master that does not answer. On one server
+    /// it is the server's configuration, and is reported at once.
+    #[error("{}", not_writable(.0))]
+    NotWritable(#[source] BoxError),
+
+    /// Redis replied with an error: OOM (maxmemory), NOPERM, BUSY, LOADING, a wrong type at a
+    /// lock key, ...
     #[error("redis replied with an error: {0}")]
     Redis(#[source] BoxError),
 }
@@ -196,9 +239,17 @@ impl Error {
     /// loading its data), `"NOREPLICAS"` (`min-replicas-to-write` unmet) or `"NOPERM"` (ACL).
     pub fn redis_code(&self) -> Option<&str> {
         match self {
-            Error::Redis(e) | Error::Rejected(e) => e.downcast_ref::<redis::RedisError>()?.code(),
+            Error::Redis(e) | Error::Rejected(e) | Error::NotWritable(e) => {
+                e.downcast_ref::<redis::RedisError>()?.code()
+            }
             _ => None,
         }
+    }
+
+    /// The server would not write for now: too few replicas (`NOREPLICAS`), or it is no
+    /// writable master (`MASTERDOWN`, `READONLY`). See [`Error::NotWritable`].
+    pub fn is_not_writable(&self) -> bool {
+        matches!(self, Error::NotWritable(_))
     }
 
     /// Redis replied to a command with an error (see [`redis_code`](Error::redis_code)).
@@ -222,6 +273,7 @@ impl Error {
             Error::WouldDeadlock { .. } => "would_deadlock",
             Error::Cancelled => "cancelled",
             Error::NotReplicated { .. } => "not_replicated",
+            Error::NotWritable(_) => "not_writable",
             Error::Redis(_) => "redis",
         }
     }
@@ -269,6 +321,7 @@ impl Error {
             RedisKind::Timeout => Error::Timeout(Box::new(e)),
             RedisKind::Connection => Error::Connection(Box::new(e)),
             RedisKind::Rejected => Error::Rejected(Box::new(e)),
+            RedisKind::NotWritable => Error::NotWritable(Box::new(e)),
             RedisKind::Reply => Error::Redis(Box::new(e)),
         }
     }
@@ -279,6 +332,7 @@ enum RedisKind {
     Timeout,
     Connection,
     Rejected,
+    NotWritable,
     Reply,
 }
 
@@ -292,6 +346,8 @@ impl RedisKind {
             // A URL without the password the server asks for: the set-up succeeded, every
             // command fails.
             RedisKind::Rejected
+        } else if e.code().is_some_and(|code| NOT_WRITABLE.contains(&code)) {
+            RedisKind::NotWritable
         } else {
             RedisKind::Reply
         }
@@ -307,6 +363,7 @@ pub(crate) fn kind_of_redis(e: &redis::RedisError) -> &'static str {
         RedisKind::Timeout => "timeout",
         RedisKind::Connection => "connection",
         RedisKind::Rejected => "rejected",
+        RedisKind::NotWritable => "not_writable",
         RedisKind::Reply => "redis",
     }
 }

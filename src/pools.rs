@@ -97,7 +97,8 @@ impl Pools {
 
     /// After a lock attempt failed with `error`: the pause before it goes again, or `None` if it
     /// does not. It goes again if the master did not answer (a timeout, a broken or failed
-    /// connection) while the deployment can name another one (Sentinel's sentinels or a
+    /// connection), or would not write for now ([`Error::NotWritable`]: a new master without a
+    /// replica in sync yet, an old one demoted), while the deployment can name another one (Sentinel's sentinels or a
     /// Cluster's nodes still answer, see [`Connector::fails_over`]), until `deadline`, or
     /// without one for [`FAILOVER_PATIENCE`] from the first failure. The pool has told the
     /// deployment of the failure, so the next attempt looks for the master anew: a failover
@@ -108,7 +109,8 @@ impl Pools {
         error: &Error,
         deadline: Option<Instant>,
     ) -> Option<Duration> {
-        if !error.is_connection() || !self.connector.fails_over() {
+        let passing = error.is_connection() || error.is_not_writable();
+        if !passing || !self.connector.fails_over() {
             return None;
         }
         let now = Instant::now();
@@ -327,7 +329,11 @@ fn ask(con: &mut redis::Connection, asking: bool) -> redis::RedisResult<()> {
 /// The Redis error inside `error`, if it is one.
 fn redis_error(error: &Error) -> Option<&redis::RedisError> {
     match error {
-        Error::Redis(e) | Error::Connection(e) | Error::Timeout(e) | Error::Rejected(e) => {
+        Error::Redis(e)
+        | Error::Connection(e)
+        | Error::Timeout(e)
+        | Error::Rejected(e)
+        | Error::NotWritable(e) => {
             e.downcast_ref::<redis::RedisError>()
         }
         _ => None,
