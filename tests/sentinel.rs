@@ -422,3 +422,27 @@ fn a_try_lock_that_meets_a_frozen_master_is_granted_on_the_one_that_replaces_it(
         ),
     }
 }
+
+/// With the recommended `min-replicas-to-write 1` and one replica, the new master refuses writes
+/// (NOREPLICAS) until the old master, reconfigured as its replica, has synced: a passing state,
+/// which a `try_lock` with time left waits out. The time printed is what one replica costs.
+#[test]
+fn a_try_lock_waits_out_noreplicas_after_a_failover_with_one_replica() {
+    let set = SentinelSet::start_with(1, RECOMMENDED);
+    let client = client(&set, 4000);
+    client.lock("warm").unwrap().unlock().unwrap();
+    let new = set.failover();
+    let started = Instant::now();
+    let outcome = client.try_lock("after", Duration::from_secs(40));
+    let took = started.elapsed();
+    match outcome {
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            println!("granted {took:?} after the sentinels named {new}");
+        }
+        other => panic!(
+            "try_lock(40 s) after the failover to {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+}
