@@ -13,11 +13,72 @@ fn rejected(cause: &BoxError) -> String {
     let cause = cause.to_string();
     if cause.starts_with(HANDSHAKE_FAILED) {
         format!("redis connection rejected: {cause}; retrying will not help")
+    } else if MISCONFIGURED.iter().any(|says| cause.contains(says)) {
+        // The cause says what is wrong and what to do; credentials have nothing to do with it.
+        format!("redis connection rejected: {cause} (retrying will not help)")
     } else {
         format!(
             "redis rejected the connection: {cause} (retrying will not help: check the URL's \
              credentials and database)"
         )
+    }
+}
+
+/// The servers given as sentinels are not sentinels.
+pub(crate) const NOT_SENTINELS: &str = "the servers given as sentinels are not sentinels (they \
+     do not know the SENTINEL command): a Sentinel topology names the sentinels (redis-server \
+     --sentinel, port 26379 by default), not the data servers; for one server use a redis:// URL";
+/// The sentinels answered, and none knows the master name.
+pub(crate) const UNKNOWN_MASTER: &str = "no sentinel knows a master by that name: check it \
+     against the `sentinel monitor <name> ...` line of the sentinels' configuration";
+/// A server given as a cluster node is not in cluster mode.
+pub(crate) const NOT_A_CLUSTER: &str = "is not in cluster mode (cluster support disabled): a \
+     Cluster topology (redis+cluster://, Topology::cluster) names nodes of a Redis Cluster \
+     (cluster-enabled yes); for one server use a redis:// URL";
+/// The question put to a server that does not speak Redis' protocol.
+const NOT_REDIS: &str = "is it a Redis server? check the URL's host and port";
+/// Causes of [`Error::Rejected`] that say what to do themselves.
+const MISCONFIGURED: [&str; 4] = [NOT_SENTINELS, UNKNOWN_MASTER, NOT_A_CLUSTER, NOT_REDIS];
+
+/// Whether `cause` is a reply that did not parse as Redis' protocol.
+fn not_parsed(cause: &BoxError) -> bool {
+    cause
+        .downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Parse)
+}
+
+/// The cause of an [`Error::Connection`] from a connection attempt, naming the server it was
+/// made to: with several servers (Sentinel, Cluster) or a wrong port, "connection refused"
+/// alone does not say which.
+#[derive(Debug)]
+pub(crate) struct At {
+    server: String,
+    cause: BoxError,
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.server, self.cause)?;
+        // What a server of another protocol does with Redis' first command (PostgreSQL's
+        // port, say): close the connection, or answer in its own protocol.
+        if self.cause.to_string().contains("end of file") {
+            write!(
+                f,
+                " (the server closed the connection before it answered: {NOT_REDIS})"
+            )?;
+        } else if not_parsed(&self.cause) {
+            write!(
+                f,
+                " (the server's reply is not in Redis' protocol: {NOT_REDIS})"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for At {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.cause)
     }
 }
 
@@ -313,6 +374,22 @@ impl Error {
             Error::from_redis(e)
         } else {
             Error::Rejected(Box::new(e))
+        }
+    }
+
+    /// A failed connection attempt to `server` (`host:port`, or a description of the node):
+    /// a connection error names it, and so does a reply that is not Redis' protocol; any other
+    /// rejected set-up concerns the URL's credentials or database.
+    pub(crate) fn at(self, server: String) -> Error {
+        match self {
+            Error::Connection(cause) if !cause.is::<At>() => {
+                Error::Connection(Box::new(At { server, cause }))
+            }
+            // A reply in another protocol: the address is what is wrong.
+            Error::Rejected(cause) if not_parsed(&cause) => {
+                Error::Rejected(Box::new(At { server, cause }))
+            }
+            other => other,
         }
     }
 

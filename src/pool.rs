@@ -262,7 +262,7 @@ impl Pool {
                 if !(cut && e.is_timeout()) {
                     self.unreachable.store(true, Ordering::Relaxed);
                 }
-                Err(Error::from_connect(e))
+                Err(Error::from_connect(e).at(self.connector.server(self.node)))
             }
         }
     }

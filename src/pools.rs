@@ -333,9 +333,7 @@ fn redis_error(error: &Error) -> Option<&redis::RedisError> {
         | Error::Connection(e)
         | Error::Timeout(e)
         | Error::Rejected(e)
-        | Error::NotWritable(e) => {
-            e.downcast_ref::<redis::RedisError>()
-        }
+        | Error::NotWritable(e) => e.downcast_ref::<redis::RedisError>(),
         _ => None,
     }
 }

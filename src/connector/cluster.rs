@@ -236,6 +236,14 @@ impl Cluster {
         self.refresh_avoiding(connection_timeout, deadline, None)
     }
 
+    /// `node`'s address, for messages.
+    pub(crate) fn shown(&self, node: Node) -> String {
+        self.read()
+            .nodes
+            .get(node.0 as usize)
+            .map_or_else(|| format!("cluster node {}", node.0), |e| e.addr.clone())
+    }
+
     /// Whether a node told the map when it was last asked for: while one does, a master that
     /// stopped answering may yet be replaced by its replica, and a caller with time left asks
     /// again. With no node answering, nothing new can be learnt.
@@ -312,6 +320,14 @@ impl Cluster {
                     return Ok(());
                 }
                 Ok(_) => said.push(format!("{addr}: knows no slots")),
+                // A server that is no cluster node ("ERR This instance has cluster support
+                // disabled"): the topology is wrong, which no retry mends.
+                Err(e) if e.to_string().contains("cluster support disabled") => {
+                    drop(turn);
+                    return Err(Error::Rejected(
+                        format!("{addr} {}", crate::error::NOT_A_CLUSTER).into(),
+                    ));
+                }
                 Err(e) => {
                     if let Some(entry) = self.write().nodes.get_mut(id as usize) {
                         entry.failed = Some(Instant::now());

@@ -149,6 +149,15 @@ impl Sentinel {
         self.state.epoch.load(Ordering::Acquire)
     }
 
+    /// The master as a message names it: by name, and at its address if one is known.
+    pub(crate) fn shown(&self) -> String {
+        let state = &self.state;
+        match &state.current().master {
+            Some(master) => format!("master {:?} at {}:{}", state.name, master.host, master.port),
+            None => format!("master {:?}", state.name),
+        }
+    }
+
     /// Whether a sentinel named the master when they were last asked: while they answer, a
     /// master that stopped answering may yet be replaced, and a caller with time left asks
     /// again. With every sentinel out of reach, nothing new can be learnt.
@@ -211,6 +220,9 @@ impl Sentinel {
         }
     }
 }
+
+/// What a server that does not know the SENTINEL command is.
+const NOT_A_SENTINEL: &str = "not a sentinel";
 
 /// A reply that says the server is no (writable) master any more: the command did nothing.
 pub(crate) fn not_master(error: &RedisError) -> bool {
@@ -365,7 +377,7 @@ impl State {
             answers[i] = Some(answer);
         }
         let mut failures = Vec::new();
-        let (mut unknown, mut refused, mut handshakes) = (0, 0, 0);
+        let (mut unknown, mut refused, mut handshakes, mut not_sentinels) = (0, 0, 0, 0);
         let mut best: Option<(usize, Named)> = None;
         for (i, (sentinel, answer)) in sentinels.iter().zip(answers).enumerate() {
             match answer {
@@ -388,6 +400,9 @@ impl State {
                     // One sentinel's refusal (a password it wants) is its own: the others may
                     // answer. Only if none can is the set-up wrong.
                     refused += 1;
+                    if e.to_string().contains(NOT_A_SENTINEL) {
+                        not_sentinels += 1;
+                    }
                     match crate::tls::HandshakeFailed::from_connect(e) {
                         Ok(failed) => {
                             handshakes += 1;
@@ -420,15 +435,23 @@ impl State {
         // Every sentinel answered, and none knows such a master or would let us ask: a set-up
         // error (a misspelt name, a password), which asking again will not fix.
         if unknown + refused == sentinels.len() {
-            let kind = if unknown > 0 {
+            let kind = if not_sentinels == sentinels.len() {
+                ErrorKind::InvalidClientConfig
+            } else if unknown > 0 {
                 ErrorKind::MasterNameNotFoundBySentinel
             } else {
                 ErrorKind::AuthenticationFailed
             };
             // A failed handshake everywhere is told as one, so that the error points at TLS
             // (the certificates to trust), not at credentials.
+            // Which hint fits: a set-up refused for its credentials, or servers that are not
+            // sentinels, or a name they do not know.
             let what = if handshakes == sentinels.len() {
                 crate::tls::HANDSHAKE_FAILED
+            } else if not_sentinels == sentinels.len() {
+                crate::error::NOT_SENTINELS
+            } else if unknown > 0 && unknown + not_sentinels == sentinels.len() {
+                crate::error::UNKNOWN_MASTER
             } else {
                 "no sentinel named the master"
             };
@@ -623,8 +646,20 @@ fn ask_master_addr(con: &mut redis::Connection, name: &str) -> RedisResult<Optio
         .ignore_errors()
         .query(con)?;
     // An unknown name: an error to the first, nil to the second. A refusal of both (NOAUTH,
-    // NOPERM) is the sentinel's answer, told as such, not as a reply of the wrong type.
+    // NOPERM) is the sentinel's answer, told as such, not as a reply of the wrong type. A server
+    // that does not know the command is no sentinel (a data server's address, say).
     let addr: Option<(String, u16)> = match addr {
+        Value::ServerError(e)
+            if e.to_string()
+                .to_ascii_lowercase()
+                .contains("unknown command") =>
+        {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                NOT_A_SENTINEL,
+                e.to_string(),
+            )))
+        }
         Value::ServerError(e) => return Err(e.into()),
         value => redis::from_redis_value(value)?,
     };
