@@ -378,7 +378,10 @@ fn a_try_lock_after_a_frozen_master_was_replaced_is_granted_on_the_new_one() {
     let history = workload.stop();
     history.check().unwrap();
     match outcome {
-        Ok(Some(guard)) => assert!(guard.is_held()),
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            println!("granted on {new} after {took:?}");
+        }
         other => panic!(
             "try_lock(20 s) after the failover to {new}: {other:?} after {took:?}\n{}",
             set.logs()
@@ -415,6 +418,7 @@ fn a_try_lock_that_meets_a_frozen_master_is_granted_on_the_one_that_replaces_it(
         Ok(Some(guard)) => {
             assert!(guard.is_held());
             assert!(took < Duration::from_secs(20), "{took:?}");
+            println!("granted on {new} {took:?} after the freeze of {old}");
         }
         other => panic!(
             "try_lock(20 s) through the failover {old} -> {new}: {other:?} after {took:?}\n{}",
