@@ -450,3 +450,24 @@ fn a_try_lock_waits_out_noreplicas_after_a_failover_with_one_replica() {
         ),
     }
 }
+
+/// A master that no replica can replace: a `try_lock` goes on asking the sentinels until its
+/// deadline, and then fails with the connection error, no later than the deadline and one
+/// connection attempt.
+#[test]
+fn a_try_lock_on_a_dead_master_that_nothing_replaces_ends_at_its_deadline() {
+    let mut set = SentinelSet::start(0);
+    let client = client(&set, 4000);
+    client.lock("dead").unwrap().unlock().unwrap();
+    let index = set.master_index();
+    set.server_mut(index).kill();
+    let started = Instant::now();
+    let outcome = client.try_lock("dead", ms(3000));
+    let took = started.elapsed();
+    let e = outcome.expect_err("granted by a dead master");
+    assert!(e.is_connection(), "{e:?}");
+    // It kept looking (the last pause before the deadline is at most 1 s) ...
+    assert!(took >= ms(1900), "gave up after {took:?}: {e}");
+    // ... and stopped at the deadline: 3 s, plus a connection attempt (1 s), plus slack.
+    assert!(took < ms(5500), "took {took:?}: {e}");
+}
