@@ -27,6 +27,7 @@ use crate::locks::Locks;
 use crate::metrics::{self, How, Since};
 use crate::options::LockOptions;
 use crate::pool::{Run, MIN_READ};
+use crate::pools::Ride;
 use crate::reentrant;
 use crate::scripts::{self, Acquire, JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
@@ -184,6 +185,7 @@ impl Locks {
         // When the holder's lease runs out, as reported by our last attempt: a crashed holder
         // releases nothing, so the head attempts then.
         let mut holder_expiry: Option<Instant> = None;
+        let mut ride = Ride::default();
         loop {
             if attempt {
                 let sent = Instant::now();
@@ -191,7 +193,23 @@ impl Locks {
                 // granted: one that attempted before or was named by a release. Marked before
                 // sending: if the reply is lost, leaving must still withdraw.
                 let queue = ticket.attempt(sent);
-                match self.attempt(keys, owner, lease, queue, deadline)? {
+                let found = match self.attempt(keys, owner, lease, queue, deadline) {
+                    Ok(found) => found,
+                    // A master that stopped answering may be being replaced: the attempt (undone
+                    // behind it on its connection) goes again, on the master the deployment
+                    // names by then. The same owner id: should the lost attempt have granted
+                    // on the old master and reached the new one, the retry finds it ours.
+                    Err(e) => match self.pools.ride(&mut ride, &e, deadline) {
+                        Some(pause) => {
+                            if pause_or_cancel(pause, options.cancel.as_ref()) {
+                                return Err(Error::Cancelled);
+                            }
+                            continue;
+                        }
+                        None => return Err(e),
+                    },
+                };
+                match found {
                     Acquire::Granted(token) => {
                         // A release that named us while our first attempt was out may have
                         // queued us: the grant's release then takes the entry out.
@@ -481,6 +499,20 @@ fn handed(wake: Wake, earliest: Instant) -> Option<(FencingToken, Instant, Grant
             },
         )),
         _ => None,
+    }
+}
+
+/// Sleeps for `pause`, or until `cancel` is ready: whether it was.
+fn pause_or_cancel(pause: Duration, cancel: Option<&Receiver<()>>) -> bool {
+    match cancel {
+        Some(cancel) => !matches!(
+            cancel.recv_timeout(pause),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout)
+        ),
+        None => {
+            std::thread::sleep(pause);
+            false
+        }
     }
 }
 

@@ -116,7 +116,10 @@ impl LockClient {
     /// than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, before any network call.
     /// [`Error::WouldDeadlock`] if this thread holds `key` through
     /// a [`ReentrantGuard`](crate::ReentrantGuard) of this client. Connection errors, timeouts
-    /// and Redis errors end the wait rather than being retried forever.
+    /// and Redis errors end the wait rather than being retried forever: on one server at once;
+    /// on Sentinel or Cluster, a master that stops answering is looked for anew and the attempt
+    /// goes again on the master that replaces it, for up to 60 s from the first failure, so
+    /// that `lock` rides a failover (see [`try_lock`](LockClient::try_lock)).
     pub fn lock(&self, key: &str) -> Result<LockGuard> {
         self.lock_with(key, &LockOptions::new())
     }
@@ -133,9 +136,17 @@ impl LockClient {
     /// queue before it returns, giving Redis 50 ms to answer; if it does not, the client's
     /// background thread does it, so that the caller does not wait for a Redis that stopped.
     ///
+    /// On Sentinel and Cluster, an attempt whose reply does not come within the response
+    /// timeout, or whose connection breaks or cannot be made, is undone behind it on its
+    /// connection and goes again on the master the deployment names by then, until the deadline:
+    /// a caller who gives 20 s is granted on the replica that replaces a frozen master, if that
+    /// comes within them. The response timeout bounds one exchange, not the whole wait. It
+    /// ends at once when the sentinels, or every node of the cluster, cannot be reached.
+    ///
     /// # Errors
     /// As for [`lock`](LockClient::lock); [`Error::Timeout`] if the reply to an attempt did not
-    /// come by the deadline (the attempt is undone behind it, on its connection).
+    /// come by the deadline (the attempt is undone behind it, on its connection), or, on one
+    /// server, within the response timeout.
     pub fn try_lock(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard>> {
         self.try_lock_with(key, timeout, &LockOptions::new())
     }

@@ -174,6 +174,30 @@ impl Connector {
         }
     }
 
+    /// Whether a call that found its master unreachable (no reply, no connection) may find
+    /// another one by asking the deployment again: under Sentinel, while a sentinel named the
+    /// master when last asked; on a Cluster, while a node told the map when last asked. A
+    /// single server, a quorum, or a deployment whose sentinels or nodes all stopped answering
+    /// has no other master to offer.
+    pub(crate) fn fails_over(&self) -> bool {
+        match &self.shape {
+            Shape::Single(_) | Shape::Quorum(_) => false,
+            Shape::Sentinel(sentinel) => sentinel.answered(),
+            Shape::Cluster(cluster) => cluster.answered(),
+        }
+    }
+
+    /// `node` as a message names it: its address (`host:port`, or a socket's path; never a
+    /// password), and under Sentinel the master's name.
+    pub(crate) fn server(&self, node: Node) -> String {
+        match &self.shape {
+            Shape::Single(client) => client.get_connection_info().addr().to_string(),
+            Shape::Sentinel(sentinel) => sentinel.shown(),
+            Shape::Cluster(cluster) => cluster.shown(node),
+            Shape::Quorum(_) => "a quorum master".to_owned(),
+        }
+    }
+
     /// Whether keys are spread over several nodes (a cluster), so that calls are routed.
     pub(crate) fn routes(&self) -> bool {
         matches!(self.shape, Shape::Cluster(_))
@@ -445,11 +469,7 @@ fn check_url(url: &str) -> Result<()> {
         return wrong("the URL is empty".into());
     }
     let Some((scheme, rest)) = url.split_once("://") else {
-        return wrong(format!(
-            "{} has no scheme (for a host and port, write redis://{})",
-            shown(url),
-            shown(url)
-        ));
+        return wrong(no_scheme(url));
     };
     match scheme {
         "redis" => {}
@@ -496,6 +516,40 @@ fn check_url(url: &str) -> Result<()> {
     Ok(())
 }
 
+/// What to say of a URL without `://`: a scheme written with a wrong separator
+/// (`redis//host:port/`, `redis:host`) is told how to write it; anything else as a host and
+/// port, which a scheme turns into a URL.
+fn no_scheme(url: &str) -> String {
+    const SCHEMES: [&str; 7] = [
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "redis+sentinel",
+        "redis+cluster",
+        "redis+quorum",
+    ];
+    let url = url.trim();
+    if let Some((head, _)) = url.split_once([':', '/']) {
+        let scheme = head.to_ascii_lowercase();
+        let rest = url[head.len()..]
+            .trim_start_matches(':')
+            .trim_start_matches('/');
+        if SCHEMES.contains(&scheme.as_str()) && !rest.is_empty() {
+            return format!(
+                "the URL has no `://` after its scheme (write {})",
+                shown(&format!("{scheme}://{rest}"))
+            );
+        }
+    }
+    // Shown as the URL it would be, whose password is masked.
+    let fixed = shown(&format!("redis://{url}"));
+    format!(
+        "{} has no scheme (for a host and port, write {fixed})",
+        fixed.trim_start_matches("redis://"),
+    )
+}
+
 /// A URL as it may appear in a message: without its password.
 pub(crate) fn shown(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -540,6 +594,11 @@ mod tests {
             ("", "empty"),
             ("   ", "empty"),
             ("localhost:6379", "write redis://localhost:6379"),
+            ("redis//127.0.0.1:27001/", "write redis://127.0.0.1:27001/"),
+            ("redis//:hunter2@h:1/", "write redis://:***@h:1/"),
+            (":hunter2@h:1", "write redis://:***@h:1"),
+            ("redis:/127.0.0.1:6379", "write redis://127.0.0.1:6379"),
+            ("rediss//h:6380", "write rediss://h:6380"),
             ("http://localhost/", "not a Redis scheme"),
             ("redis://a:6379,b:6379/", "several hosts"),
             ("redis://localhost:99999/", "port \"99999\""),

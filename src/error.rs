@@ -13,6 +13,9 @@ fn rejected(cause: &BoxError) -> String {
     let cause = cause.to_string();
     if cause.starts_with(HANDSHAKE_FAILED) {
         format!("redis connection rejected: {cause}; retrying will not help")
+    } else if MISCONFIGURED.iter().any(|says| cause.contains(says)) {
+        // The cause says what is wrong and what to do; credentials have nothing to do with it.
+        format!("redis connection rejected: {cause} (retrying will not help)")
     } else {
         format!(
             "redis rejected the connection: {cause} (retrying will not help: check the URL's \
@@ -20,6 +23,93 @@ fn rejected(cause: &BoxError) -> String {
         )
     }
 }
+
+/// The servers given as sentinels are not sentinels.
+pub(crate) const NOT_SENTINELS: &str = "the servers given as sentinels are not sentinels (they \
+     do not know the SENTINEL command): a Sentinel topology names the sentinels (redis-server \
+     --sentinel, port 26379 by default), not the data servers; for one server use a redis:// URL";
+/// The sentinels answered, and none knows the master name.
+pub(crate) const UNKNOWN_MASTER: &str = "no sentinel knows a master by that name: check it \
+     against the `sentinel monitor <name> ...` line of the sentinels' configuration";
+/// A server given as a cluster node is not in cluster mode.
+pub(crate) const NOT_A_CLUSTER: &str = "is not in cluster mode (cluster support disabled): a \
+     Cluster topology (redis+cluster://, Topology::cluster) names nodes of a Redis Cluster \
+     (cluster-enabled yes); for one server use a redis:// URL";
+/// The question put to a server that does not speak Redis' protocol.
+const NOT_REDIS: &str = "is it a Redis server? check the URL's host and port";
+/// Causes of [`Error::Rejected`] that say what to do themselves.
+const MISCONFIGURED: [&str; 4] = [NOT_SENTINELS, UNKNOWN_MASTER, NOT_A_CLUSTER, NOT_REDIS];
+
+/// Whether `cause` is a reply that did not parse as Redis' protocol.
+fn not_parsed(cause: &BoxError) -> bool {
+    cause
+        .downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Parse)
+}
+
+/// The cause of an [`Error::Connection`] from a connection attempt, naming the server it was
+/// made to: with several servers (Sentinel, Cluster) or a wrong port, "connection refused"
+/// alone does not say which.
+#[derive(Debug)]
+pub(crate) struct At {
+    server: String,
+    cause: BoxError,
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.server, self.cause)?;
+        // What a server of another protocol does with Redis' first command (PostgreSQL's
+        // port, say): close the connection, or answer in its own protocol.
+        if self.cause.to_string().contains("end of file") {
+            write!(
+                f,
+                " (the server closed the connection before it answered: {NOT_REDIS})"
+            )?;
+        } else if not_parsed(&self.cause) {
+            write!(
+                f,
+                " (the server's reply is not in Redis' protocol: {NOT_REDIS})"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for At {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.cause)
+    }
+}
+
+/// The message of [`Error::NotWritable`]: what the refusal means and what to do, without the
+/// script's hash and line that Redis puts in a refusal of a script's write (the cause keeps
+/// them).
+fn not_writable(cause: &BoxError) -> String {
+    let code = cause
+        .downcast_ref::<redis::RedisError>()
+        .and_then(redis::RedisError::code)
+        .map(str::to_owned)
+        .or_else(|| {
+            let text = cause.to_string();
+            NOT_WRITABLE
+                .iter()
+                .find(|code| text.contains(*code))
+                .map(|code| (*code).to_owned())
+        });
+    match code.as_deref() {
+        Some("NOREPLICAS") => "the master refused the write (NOREPLICAS): fewer replicas are in              sync with it than its `min-replicas-to-write` requires. Right after a failover              this lasts until a replica has synced with the new master, which takes seconds              when its only replica is the old master being reconfigured: run two replicas, so              that the new master has one at once. Otherwise check the replicas' links to the              master (`min-replicas-max-lag`)"
+            .to_owned(),
+        Some("MASTERDOWN") => "the server refused the write (MASTERDOWN): it is a replica whose              link to its master is down; point the client at the master (with Sentinel, the              client finds it itself once the failover completes)"
+            .to_owned(),
+        Some("READONLY") => "the server refused the write (READONLY): it is a read-only              replica; point the client at the master (with Sentinel or Cluster, the client              finds it itself once the failover completes)"
+            .to_owned(),
+        _ => format!("the server refused the write: {cause}"),
+    }
+}
+
+/// The codes of [`Error::NotWritable`].
+const NOT_WRITABLE: [&str; 3] = ["NOREPLICAS", "MASTERDOWN", "READONLY"];
 
 /// Everything that can go wrong, as one enum to match or branch on with its predicates.
 ///
@@ -136,8 +226,22 @@ pub enum Error {
         required: u32,
     },
 
-    /// Redis replied with an error: READONLY (a replica), OOM (maxmemory), NOPERM, BUSY,
-    /// LOADING, a wrong type at a lock key, ...
+    /// The server refused to write because it is not, for now, a master that may take writes:
+    /// `NOREPLICAS` (fewer replicas in sync than its `min-replicas-to-write`, as for several
+    /// seconds after a failover when the new master's only replica is the old master being
+    /// reconfigured), `MASTERDOWN` (a replica cut off from its master) or `READONLY` (a
+    /// replica). Nothing was written; the message says what to do, and
+    /// [`redis_code`](Error::redis_code) gives the code.
+    ///
+    /// On Sentinel and Cluster such a refusal is a passing state of a failover: a lock call with
+    /// time left asks the deployment for the master again and attempts again until its
+    /// deadline (`lock`: for up to 60 s), as for a master that does not answer. On one server
+    /// it is the server's configuration, and is reported at once.
+    #[error("{}", not_writable(.0))]
+    NotWritable(#[source] BoxError),
+
+    /// Redis replied with an error: OOM (maxmemory), NOPERM, BUSY, LOADING, a wrong type at a
+    /// lock key, ...
     #[error("redis replied with an error: {0}")]
     Redis(#[source] BoxError),
 }
@@ -201,9 +305,17 @@ impl Error {
     /// loading its data), `"NOREPLICAS"` (`min-replicas-to-write` unmet) or `"NOPERM"` (ACL).
     pub fn redis_code(&self) -> Option<&str> {
         match self {
-            Error::Redis(e) | Error::Rejected(e) => e.downcast_ref::<redis::RedisError>()?.code(),
+            Error::Redis(e) | Error::Rejected(e) | Error::NotWritable(e) => {
+                e.downcast_ref::<redis::RedisError>()?.code()
+            }
             _ => None,
         }
+    }
+
+    /// The server would not write for now: too few replicas (`NOREPLICAS`), or it is no
+    /// writable master (`MASTERDOWN`, `READONLY`). See [`Error::NotWritable`].
+    pub fn is_not_writable(&self) -> bool {
+        matches!(self, Error::NotWritable(_))
     }
 
     /// Redis replied to a command with an error (see [`redis_code`](Error::redis_code)).
@@ -227,6 +339,7 @@ impl Error {
             Error::WouldDeadlock { .. } => "would_deadlock",
             Error::Cancelled => "cancelled",
             Error::NotReplicated { .. } => "not_replicated",
+            Error::NotWritable(_) => "not_writable",
             Error::Redis(_) => "redis",
         }
     }
@@ -269,11 +382,28 @@ impl Error {
         }
     }
 
+    /// A failed connection attempt to `server` (`host:port`, or a description of the node):
+    /// a connection error names it, and so does a reply that is not Redis' protocol; any other
+    /// rejected set-up concerns the URL's credentials or database.
+    pub(crate) fn at(self, server: String) -> Error {
+        match self {
+            Error::Connection(cause) if !cause.is::<At>() => {
+                Error::Connection(Box::new(At { server, cause }))
+            }
+            // A reply in another protocol: the address is what is wrong.
+            Error::Rejected(cause) if not_parsed(&cause) => {
+                Error::Rejected(Box::new(At { server, cause }))
+            }
+            other => other,
+        }
+    }
+
     pub(crate) fn from_redis(e: redis::RedisError) -> Error {
         match RedisKind::of(&e) {
             RedisKind::Timeout => Error::Timeout(Box::new(e)),
             RedisKind::Connection => Error::Connection(Box::new(e)),
             RedisKind::Rejected => Error::Rejected(Box::new(e)),
+            RedisKind::NotWritable => Error::NotWritable(Box::new(e)),
             RedisKind::Reply => Error::Redis(Box::new(e)),
         }
     }
@@ -284,6 +414,7 @@ enum RedisKind {
     Timeout,
     Connection,
     Rejected,
+    NotWritable,
     Reply,
 }
 
@@ -297,6 +428,8 @@ impl RedisKind {
             // A URL without the password the server asks for: the set-up succeeded, every
             // command fails.
             RedisKind::Rejected
+        } else if e.code().is_some_and(|code| NOT_WRITABLE.contains(&code)) {
+            RedisKind::NotWritable
         } else {
             RedisKind::Reply
         }
@@ -312,6 +445,7 @@ pub(crate) fn kind_of_redis(e: &redis::RedisError) -> &'static str {
         RedisKind::Timeout => "timeout",
         RedisKind::Connection => "connection",
         RedisKind::Rejected => "rejected",
+        RedisKind::NotWritable => "not_writable",
         RedisKind::Reply => "redis",
     }
 }

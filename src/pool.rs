@@ -262,7 +262,7 @@ impl Pool {
                 if !(cut && e.is_timeout()) {
                     self.unreachable.store(true, Ordering::Relaxed);
                 }
-                Err(Error::from_connect(e))
+                Err(Error::from_connect(e).at(self.connector.server(self.node)))
             }
         }
     }
@@ -482,7 +482,7 @@ impl Pool {
             if failed.as_ref().is_some_and(|e| e.is_timeout()) {
                 self.batch_failures.fetch_add(1, Ordering::Relaxed);
             }
-            if let Some(e) = failed.as_ref().filter(|e| broke(e)) {
+            if let Some(e) = failed.as_ref().filter(|e| broke(e) || e.is_timeout()) {
                 self.retire_all(conn.epoch, e);
             }
             let epoch = conn.epoch;
@@ -522,6 +522,14 @@ impl Pool {
             .is_err_and(|e| e.is_io_error() || e.is_timeout());
         if !(cut && missed) {
             self.unreachable.store(missed, Ordering::Relaxed);
+        }
+        match &result {
+            // A whole response timeout without a reply: the server stopped answering (frozen,
+            // or cut off), and every pooled connection to it would cost as much again. The
+            // deployment is told, so that a master that is being replaced is looked for anew
+            // (Sentinel, Cluster) before the next connection.
+            Err(e) if e.is_timeout() && !cut => self.retire_all(conn.epoch, e),
+            _ => {}
         }
         result.map_err(Error::from_redis)
     }

@@ -33,6 +33,16 @@ use crate::connector::{Connector, Node, Redirect};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, Run};
 
+/// How long a lock call without a deadline (`lock`) goes on looking for a master that stopped
+/// answering, counted from its first failure: long enough for a failover under the
+/// deployments' default settings (Sentinel's `down-after-milliseconds` of 30 s, Redis Cluster's
+/// `cluster-node-timeout` of 15 s), and an end for a master that no replica replaces.
+pub(crate) const FAILOVER_PATIENCE: Duration = Duration::from_secs(60);
+/// The pauses between two attempts of a call riding out a failover: from the first, doubling,
+/// to the last.
+const FIRST_RIDE_PAUSE: Duration = Duration::from_millis(50);
+const MAX_RIDE_PAUSE: Duration = Duration::from_secs(1);
+
 /// The most `MOVED` and `ASK` redirects one call follows.
 const MAX_REDIRECTS: u32 = 32;
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
@@ -83,6 +93,37 @@ impl Pools {
                 self.response_timeout,
             ))
         }))
+    }
+
+    /// After a lock attempt failed with `error`: the pause before it goes again, or `None` if it
+    /// does not. It goes again if the master did not answer (a timeout, a broken or failed
+    /// connection), or would not write for now ([`Error::NotWritable`]: a new master without a
+    /// replica in sync yet, an old one demoted), while the deployment can name another one (Sentinel's sentinels or a
+    /// Cluster's nodes still answer, see [`Connector::fails_over`]), until `deadline`, or
+    /// without one for [`FAILOVER_PATIENCE`] from the first failure. The pool has told the
+    /// deployment of the failure, so the next attempt looks for the master anew: a failover
+    /// costs the caller the failover, not an error at its first response timeout.
+    pub(crate) fn ride(
+        &self,
+        ride: &mut Ride,
+        error: &Error,
+        deadline: Option<Instant>,
+    ) -> Option<Duration> {
+        let passing = error.is_connection() || error.is_not_writable();
+        if !passing || !self.connector.fails_over() {
+            return None;
+        }
+        let now = Instant::now();
+        let first = *ride.first.get_or_insert(now);
+        let until = deadline.unwrap_or(first + FAILOVER_PATIENCE);
+        let pause = ride.pause.max(FIRST_RIDE_PAUSE);
+        // Time for the pause and a reply after it, or the error stands.
+        if until.saturating_duration_since(now) <= pause + crate::pool::MIN_READ {
+            return None;
+        }
+        ride.pause = (pause * 2).min(MAX_RIDE_PAUSE);
+        log::debug!("fencelock: the master did not answer ({error}); looking for it again");
+        Some(pause)
     }
 
     /// Whether the pool that serves `key` last failed to reach its server (see
@@ -260,6 +301,13 @@ impl Pools {
     }
 }
 
+/// A lock call's failures so far, for [`Pools::ride`].
+#[derive(Debug, Default)]
+pub(crate) struct Ride {
+    first: Option<Instant>,
+    pause: Duration,
+}
+
 /// Whether a call may be sent again after its connection broke under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Repeat {
@@ -281,9 +329,11 @@ fn ask(con: &mut redis::Connection, asking: bool) -> redis::RedisResult<()> {
 /// The Redis error inside `error`, if it is one.
 fn redis_error(error: &Error) -> Option<&redis::RedisError> {
     match error {
-        Error::Redis(e) | Error::Connection(e) | Error::Timeout(e) | Error::Rejected(e) => {
-            e.downcast_ref::<redis::RedisError>()
-        }
+        Error::Redis(e)
+        | Error::Connection(e)
+        | Error::Timeout(e)
+        | Error::Rejected(e)
+        | Error::NotWritable(e) => e.downcast_ref::<redis::RedisError>(),
         _ => None,
     }
 }

@@ -506,7 +506,16 @@ fn a_grant_queued_on_a_frozen_master_is_not_held_beside_the_new_masters() {
     let new = set.wait_for_owner_change(slot, old, Duration::from_secs(15));
     println!("failed over to {new} after {:?}", frozen_at.elapsed());
     let b = cluster_client(&set, 30_000);
-    let gb = b.lock(key).unwrap();
+    // Client A's attempt goes again on the new master once its reply is overdue: granted
+    // there first, A holds the lock rightly, and B waits for it in vain.
+    let Some(gb) = b.try_lock(key, ms(10_000)).unwrap() else {
+        set.resume(old_index);
+        let (got, a_at, _) = first.join().unwrap();
+        let ga = got.unwrap().expect("neither client was granted");
+        println!("client A granted on the new master at {a_at:?}");
+        assert!(ga.is_held());
+        return;
+    };
     let b_at = frozen_at.elapsed();
     set.resume(old_index);
     println!("resumed the old master after {:?}", frozen_at.elapsed());
@@ -592,5 +601,52 @@ fn a_frozen_master_does_not_cost_leases_held_on_healthy_masters() {
     assert!(
         !lost,
         "a lock on a healthy master was reported lost while another master was frozen"
+    );
+}
+
+/// A caller with a long deadline whose master freezes past `cluster-node-timeout`: its
+/// attempt's reply never comes within the response timeout, the replica takes over, and the
+/// attempt goes again on it, within the caller's deadline; `lock()` without one rides it too.
+#[test]
+fn a_try_lock_that_meets_a_frozen_master_is_granted_on_the_replica_that_replaces_it() {
+    let set = ClusterSet::start(3, 1);
+    let key = "replaced";
+    let slot = ClusterSet::slot_of(&lock_key(key));
+    let old = set.master_of_slot(slot);
+    let old_index = set.index_of_port(old);
+    let client = LockClient::builder(Topology::cluster(set.seed_urls()))
+        .namespace(NAMESPACE)
+        .connection_timeout(ms(1000))
+        .response_timeout(ms(1000))
+        .build()
+        .unwrap();
+    // Pooled connections to the master, scripts loaded.
+    client.lock(key).unwrap().unlock().unwrap();
+    let other = format!("{key}-too");
+    client.lock(&other).unwrap().unlock().unwrap();
+    set.pause(old_index);
+    let frozen_at = Instant::now();
+    let locking = {
+        let (client, other) = (client.clone(), other.clone());
+        thread::spawn(move || client.lock(&other).map(|guard| guard.is_held()))
+    };
+    let outcome = client.try_lock(key, Duration::from_secs(20));
+    let took = frozen_at.elapsed();
+    let new = set.wait_for_owner_change(slot, old, Duration::from_secs(15));
+    let locked = locking.join().unwrap();
+    set.resume(old_index);
+    match outcome {
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            println!("granted after {took:?}, the slot moved from {old} to {new}");
+        }
+        other => panic!(
+            "try_lock(20 s) through the failover {old} -> {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+    assert!(
+        matches!(locked, Ok(true)),
+        "lock() through the failover: {locked:?}"
     );
 }

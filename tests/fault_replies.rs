@@ -344,7 +344,9 @@ fn busy_is_a_typed_error() {
     drop(granted);
 }
 
-/// `min-replicas-to-write 1` with no replica: acquires get code NOREPLICAS, never "held".
+/// `min-replicas-to-write 1` with no replica: acquires get code NOREPLICAS, never "held", as a
+/// typed error whose message says what to do, without the script's hash and Lua line that
+/// Redis' reply carries; an unlock too.
 ///
 /// Protection: as for OOM.
 #[test]
@@ -352,9 +354,31 @@ fn noreplicas_is_a_typed_error() {
     let server = RedisServer::start();
     let client = lock_client(&server, 30_000);
     let mut con = server.connection();
+    let held = client.lock("held-before").unwrap();
     config_set(&mut con, "min-replicas-to-write", "1").unwrap();
     assert_refused_with(&client, "unreplicated", "NOREPLICAS");
     assert!(!lock_exists(&mut con, "unreplicated"));
+    let says_what_to_do = |call: &str, e: fencelock::Error| {
+        assert!(e.is_not_writable(), "{call}: {e:?}");
+        assert_eq!(e.redis_code(), Some("NOREPLICAS"), "{call}: {e:?}");
+        let message = e.to_string();
+        for says in ["min-replicas-to-write", "run two replicas", "NOREPLICAS"] {
+            assert!(message.contains(says), "{call}: {message}");
+        }
+        for leaks in ["script", "@user_script", "Not enough good replicas"] {
+            assert!(!message.contains(leaks), "{call}: {message}");
+        }
+    };
+    says_what_to_do("lock", client.lock("unreplicated").unwrap_err());
+    says_what_to_do(
+        "try_lock(ZERO)",
+        client.try_lock("unreplicated", Duration::ZERO).unwrap_err(),
+    );
+    says_what_to_do(
+        "try_lock(1 s)",
+        client.try_lock("unreplicated", ms(1_000)).unwrap_err(),
+    );
+    says_what_to_do("unlock", held.unlock().unwrap_err());
     config_set(&mut con, "min-replicas-to-write", "0").unwrap();
     client
         .try_lock("unreplicated", Duration::ZERO)

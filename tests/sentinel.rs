@@ -349,3 +349,125 @@ fn a_client_built_while_the_master_is_down_answers_within_its_timeouts() {
     // Granted on the promoted replica: the sentinels have moved off the old master.
     set.wait_for_switch(old, Duration::from_secs(10));
 }
+
+/// A client with the default connection and response timeouts (5 s), as a user builds one.
+fn default_client(set: &SentinelSet) -> LockClient {
+    LockClient::builder(Topology::sentinel(set.sentinel_urls(), MASTER_NAME))
+        .namespace("sentinel")
+        .lease(ms(4000))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_try_lock_after_a_frozen_master_was_replaced_is_granted_on_the_new_one() {
+    let mut set = SentinelSet::start(1);
+    let clients = [default_client(&set), default_client(&set)];
+    // Clients that worked before the freeze, and go on working through it.
+    let workload = Workload::start(&clients, 2, 4);
+    workload.await_grants(&[0, 0], 10, Duration::from_secs(20));
+    let old = set.master_port();
+    let old_index = set.master_index();
+    set.servers()[old_index].pause();
+    let new = set.wait_for_switch(old, Duration::from_secs(30));
+    await_every_sentinel_names(&set, new, Duration::from_secs(10));
+    let started = Instant::now();
+    let outcome = clients[0].try_lock("after", Duration::from_secs(20));
+    let took = started.elapsed();
+    set.server_mut(old_index).resume();
+    let history = workload.stop();
+    history.check().unwrap();
+    match outcome {
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            println!("granted on {new} after {took:?}");
+        }
+        other => panic!(
+            "try_lock(20 s) after the failover to {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+}
+
+#[test]
+fn a_try_lock_that_meets_a_frozen_master_is_granted_on_the_one_that_replaces_it() {
+    let mut set = SentinelSet::start(1);
+    let client = client(&set, 4000);
+    client.lock("frozen").unwrap().unlock().unwrap();
+    let old = set.master_port();
+    let old_index = set.master_index();
+    set.servers()[old_index].pause();
+    let started = Instant::now();
+    // `lock` without a deadline rides the failover too.
+    let locking = {
+        let client = client.clone();
+        thread::spawn(move || client.lock("frozen-too").map(|guard| guard.is_held()))
+    };
+    // Sent to the frozen master: its reply never comes within the response timeout (1 s),
+    // and the sentinels promote the replica about 3 s after the freeze.
+    let outcome = client.try_lock("frozen", Duration::from_secs(20));
+    let took = started.elapsed();
+    let new = set.wait_for_switch(old, Duration::from_secs(10));
+    let locked = locking.join().unwrap();
+    set.server_mut(old_index).resume();
+    assert!(
+        matches!(locked, Ok(true)),
+        "lock() through the failover: {locked:?}"
+    );
+    match outcome {
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            assert!(took < Duration::from_secs(20), "{took:?}");
+            println!("granted on {new} {took:?} after the freeze of {old}");
+        }
+        other => panic!(
+            "try_lock(20 s) through the failover {old} -> {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+}
+
+/// With the recommended `min-replicas-to-write 1` and one replica, the new master refuses writes
+/// (NOREPLICAS) until the old master, reconfigured as its replica, has synced: a passing state,
+/// which a `try_lock` with time left waits out. The time printed is what one replica costs.
+#[test]
+fn a_try_lock_waits_out_noreplicas_after_a_failover_with_one_replica() {
+    let set = SentinelSet::start_with(1, RECOMMENDED);
+    let client = client(&set, 4000);
+    client.lock("warm").unwrap().unlock().unwrap();
+    let new = set.failover();
+    let started = Instant::now();
+    let outcome = client.try_lock("after", Duration::from_secs(40));
+    let took = started.elapsed();
+    match outcome {
+        Ok(Some(guard)) => {
+            assert!(guard.is_held());
+            println!("granted {took:?} after the sentinels named {new}");
+        }
+        other => panic!(
+            "try_lock(40 s) after the failover to {new}: {other:?} after {took:?}\n{}",
+            set.logs()
+        ),
+    }
+}
+
+/// A master that no replica can replace: a `try_lock` goes on asking the sentinels until its
+/// deadline, and then fails with the connection error, no later than the deadline and one
+/// connection attempt.
+#[test]
+fn a_try_lock_on_a_dead_master_that_nothing_replaces_ends_at_its_deadline() {
+    let mut set = SentinelSet::start(0);
+    let client = client(&set, 4000);
+    client.lock("dead").unwrap().unlock().unwrap();
+    let index = set.master_index();
+    set.server_mut(index).kill();
+    let started = Instant::now();
+    let outcome = client.try_lock("dead", ms(3000));
+    let took = started.elapsed();
+    let e = outcome.expect_err("granted by a dead master");
+    assert!(e.is_connection(), "{e:?}");
+    // It kept looking (the last pause before the deadline is at most 1 s) ...
+    assert!(took >= ms(1900), "gave up after {took:?}: {e}");
+    // ... and stopped at the deadline: 3 s, plus a connection attempt (1 s), plus slack.
+    assert!(took < ms(5500), "took {took:?}: {e}");
+}

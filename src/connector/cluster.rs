@@ -56,6 +56,8 @@ pub(crate) struct Cluster {
     refreshing: Mutex<()>,
     /// Ask for the map again before the next call.
     suspect: AtomicBool,
+    /// The last question for the map was answered: see [`Cluster::answered`].
+    answered: AtomicBool,
     /// The client's connection timeout: a connection given less (by a caller's deadline) that
     /// times out says nothing about the node.
     connection_timeout: Duration,
@@ -135,6 +137,7 @@ impl Cluster {
             map: RwLock::new(map),
             refreshing: Mutex::new(()),
             suspect: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
             connection_timeout,
         })
     }
@@ -233,6 +236,21 @@ impl Cluster {
         self.refresh_avoiding(connection_timeout, deadline, None)
     }
 
+    /// `node`'s address, for messages.
+    pub(crate) fn shown(&self, node: Node) -> String {
+        self.read()
+            .nodes
+            .get(node.0 as usize)
+            .map_or_else(|| format!("cluster node {}", node.0), |e| e.addr.clone())
+    }
+
+    /// Whether a node told the map when it was last asked for: while one does, a master that
+    /// stopped answering may yet be replaced by its replica, and a caller with time left asks
+    /// again. With no node answering, nothing new can be learnt.
+    pub(crate) fn answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     /// [`refresh`](Cluster::refresh), asking `avoid` last.
     fn refresh_avoiding(
         &self,
@@ -297,10 +315,19 @@ impl Cluster {
             match ask_slots(&client, left.min(connection_timeout)) {
                 Ok(ranges) if !ranges.is_empty() => {
                     self.apply(&addr, ranges);
+                    self.answered.store(true, Ordering::Relaxed);
                     drop(turn);
                     return Ok(());
                 }
                 Ok(_) => said.push(format!("{addr}: knows no slots")),
+                // A server that is no cluster node ("ERR This instance has cluster support
+                // disabled"): the topology is wrong, which no retry mends.
+                Err(e) if e.to_string().contains("cluster support disabled") => {
+                    drop(turn);
+                    return Err(Error::Rejected(
+                        format!("{addr} {}", crate::error::NOT_A_CLUSTER).into(),
+                    ));
+                }
                 Err(e) => {
                     if let Some(entry) = self.write().nodes.get_mut(id as usize) {
                         entry.failed = Some(Instant::now());
@@ -308,6 +335,10 @@ impl Cluster {
                     said.push(format!("{addr}: {e}"));
                 }
             }
+        }
+        // Nodes cut short by a caller's deadline may only be slow.
+        if deadline.is_none_or(|d| d >= started + connection_timeout) {
+            self.answered.store(false, Ordering::Relaxed);
         }
         drop(turn);
         Err(Error::Connection(

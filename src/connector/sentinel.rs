@@ -62,6 +62,9 @@ struct State {
     /// The client's connection timeout: a connection given less (by a caller's deadline) that
     /// times out says nothing about the master.
     connection_timeout: Duration,
+    /// The last round of questions got the master's address from a sentinel: see
+    /// [`Sentinel::answered`].
+    answered: AtomicBool,
 }
 
 /// A sentinel, and how to show it in a message.
@@ -131,6 +134,7 @@ impl Sentinel {
             resolved: Condvar::new(),
             epoch: AtomicU64::new(0),
             connection_timeout,
+            answered: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&state);
         let timeout = connection_timeout.clamp(Duration::from_millis(10), Duration::from_secs(5));
@@ -143,6 +147,22 @@ impl Sentinel {
 
     pub(crate) fn epoch(&self) -> u64 {
         self.state.epoch.load(Ordering::Acquire)
+    }
+
+    /// The master as a message names it: by name, and at its address if one is known.
+    pub(crate) fn shown(&self) -> String {
+        let state = &self.state;
+        match &state.current().master {
+            Some(master) => format!("master {:?} at {}:{}", state.name, master.host, master.port),
+            None => format!("master {:?}", state.name),
+        }
+    }
+
+    /// Whether a sentinel named the master when they were last asked: while they answer, a
+    /// master that stopped answering may yet be replaced, and a caller with time left asks
+    /// again. With every sentinel out of reach, nothing new can be learnt.
+    pub(crate) fn answered(&self) -> bool {
+        self.state.answered.load(Ordering::Relaxed)
     }
 
     /// A new connection to the master, checked with `ROLE`, made within `connect_timeout`
@@ -201,6 +221,9 @@ impl Sentinel {
     }
 }
 
+/// What a server that does not know the SENTINEL command is.
+const NOT_A_SENTINEL: &str = "not a sentinel";
+
 /// A reply that says the server is no (writable) master any more: the command did nothing.
 pub(crate) fn not_master(error: &RedisError) -> bool {
     matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "NOREPLICAS"))
@@ -247,7 +270,14 @@ impl State {
                 }
             }
         }
-        let named = self.ask(deadline)?;
+        // Sentinels that gave no answer within less than the connection timeout (what a
+        // caller's deadline, or the wait for another thread's question, left) may only be slow.
+        let cut = left(deadline) < self.connection_timeout;
+        let named = self.ask(deadline);
+        if named.is_ok() || !cut {
+            self.answered.store(named.is_ok(), Ordering::Relaxed);
+        }
+        let named = named?;
         self.observe(&named)?;
         let mut current = self.current();
         current.suspect = false;
@@ -347,7 +377,7 @@ impl State {
             answers[i] = Some(answer);
         }
         let mut failures = Vec::new();
-        let (mut unknown, mut refused, mut handshakes) = (0, 0, 0);
+        let (mut unknown, mut refused, mut handshakes, mut not_sentinels) = (0, 0, 0, 0);
         let mut best: Option<(usize, Named)> = None;
         for (i, (sentinel, answer)) in sentinels.iter().zip(answers).enumerate() {
             match answer {
@@ -370,6 +400,9 @@ impl State {
                     // One sentinel's refusal (a password it wants) is its own: the others may
                     // answer. Only if none can is the set-up wrong.
                     refused += 1;
+                    if e.to_string().contains(NOT_A_SENTINEL) {
+                        not_sentinels += 1;
+                    }
                     match crate::tls::HandshakeFailed::from_connect(e) {
                         Ok(failed) => {
                             handshakes += 1;
@@ -402,15 +435,23 @@ impl State {
         // Every sentinel answered, and none knows such a master or would let us ask: a set-up
         // error (a misspelt name, a password), which asking again will not fix.
         if unknown + refused == sentinels.len() {
-            let kind = if unknown > 0 {
+            let kind = if not_sentinels == sentinels.len() {
+                ErrorKind::InvalidClientConfig
+            } else if unknown > 0 {
                 ErrorKind::MasterNameNotFoundBySentinel
             } else {
                 ErrorKind::AuthenticationFailed
             };
             // A failed handshake everywhere is told as one, so that the error points at TLS
             // (the certificates to trust), not at credentials.
+            // Which hint fits: a set-up refused for its credentials, or servers that are not
+            // sentinels, or a name they do not know.
             let what = if handshakes == sentinels.len() {
                 crate::tls::HANDSHAKE_FAILED
+            } else if not_sentinels == sentinels.len() {
+                crate::error::NOT_SENTINELS
+            } else if unknown > 0 && unknown + not_sentinels == sentinels.len() {
+                crate::error::UNKNOWN_MASTER
             } else {
                 "no sentinel named the master"
             };
@@ -605,8 +646,20 @@ fn ask_master_addr(con: &mut redis::Connection, name: &str) -> RedisResult<Optio
         .ignore_errors()
         .query(con)?;
     // An unknown name: an error to the first, nil to the second. A refusal of both (NOAUTH,
-    // NOPERM) is the sentinel's answer, told as such, not as a reply of the wrong type.
+    // NOPERM) is the sentinel's answer, told as such, not as a reply of the wrong type. A server
+    // that does not know the command is no sentinel (a data server's address, say).
     let addr: Option<(String, u16)> = match addr {
+        Value::ServerError(e)
+            if e.to_string()
+                .to_ascii_lowercase()
+                .contains("unknown command") =>
+        {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                NOT_A_SENTINEL,
+                e.to_string(),
+            )))
+        }
         Value::ServerError(e) => return Err(e.into()),
         value => redis::from_redis_value(value)?,
     };
