@@ -128,11 +128,14 @@ impl LockClient {
     ///
     /// `Duration::ZERO` makes exactly one attempt (repeated once on a fresh connection only if
     /// the pooled one turns out to be broken), and does not queue behind other threads of this
-    /// client that are waiting for the key.
+    /// client that are waiting for the key. A zero deadline leaves no time for a round trip, so
+    /// that attempt's reply is awaited up to the response timeout
+    /// ([`Builder::response_timeout`](crate::Builder::response_timeout)): lower that to bound a
+    /// "skip if held" call against a Redis that stopped answering.
     ///
-    /// It returns within `timeout`, plus at most one connection attempt (the connection
-    /// timeout) if a connection must be made, whatever Redis does: a reply is awaited no later
-    /// than the deadline (at least 10 ms). A waiter that gives up takes itself out of Redis'
+    /// With a timeout above zero it returns within `timeout`, plus at most one connection
+    /// attempt (the connection timeout) if a connection must be made, whatever Redis does: a
+    /// reply is awaited no later than the deadline (at least 10 ms). A waiter that gives up takes itself out of Redis'
     /// queue before it returns, giving Redis 50 ms to answer; if it does not, the client's
     /// background thread does it, so that the caller does not wait for a Redis that stopped.
     ///
