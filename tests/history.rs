@@ -322,6 +322,8 @@ const LEASE_MS: u64 = 300;
 const PROCESSES: usize = 3;
 const THREADS: usize = 2;
 const KEYS: usize = 2;
+/// Client pauses a run makes at least, given twice its time.
+const MIN_CLIENT_PAUSES: u64 = 3;
 /// Per store, unless `FENCELOCK_HISTORY_SECS` says otherwise.
 const SHORT_RUN: Duration = Duration::from_secs(8);
 
@@ -398,6 +400,16 @@ enum Pause {
     ServerLong,
 }
 
+impl Pause {
+    fn name(self) -> &'static str {
+        match self {
+            Pause::Client => "pause-client",
+            Pause::ServerShort => "pause-server-short",
+            Pause::ServerLong => "pause-server-long",
+        }
+    }
+}
+
 fn faults_from_env() -> Vec<Pause> {
     let spec = std::env::var("FENCELOCK_HISTORY_NEMESIS")
         .unwrap_or_else(|_| "pause-client,pause-server-short,pause-server-long".to_owned());
@@ -405,11 +417,11 @@ fn faults_from_env() -> Vec<Pause> {
         return Vec::new();
     }
     spec.split(',')
-        .map(|f| match f.trim() {
-            "pause-client" => Pause::Client,
-            "pause-server-short" => Pause::ServerShort,
-            "pause-server-long" => Pause::ServerLong,
-            other => panic!("FENCELOCK_HISTORY_NEMESIS: unknown fault {other:?}"),
+        .map(|f| {
+            [Pause::Client, Pause::ServerShort, Pause::ServerLong]
+                .into_iter()
+                .find(|p| p.name() == f.trim())
+                .unwrap_or_else(|| panic!("FENCELOCK_HISTORY_NEMESIS: unknown fault {f:?}"))
         })
         .collect()
 }
@@ -538,15 +550,22 @@ fn run_locked_set(store: Store) -> Run {
         .map(PathBuf::from);
     let dir = match &keep {
         Some(base) => {
-            let dir = base.join(format!("{}-{seed:x}", store.name()));
+            let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+            let nemesis = if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join("+")
+            };
+            let dir = base.join(format!("{}-{nemesis}-{seed:x}", store.name()));
             std::fs::create_dir_all(&dir)
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
             dir
         }
         None => unique_temp_dir(&format!("fencelock-history-{}", store.name())),
     };
+    let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
     println!(
-        "locked set through {}: {secs} s, seed {seed:x}, faults {faults:?}, history in {}",
+        "locked set through {}: {secs} s, seed {seed:x}, faults {names:?}, history in {}",
         store.name(),
         dir.display()
     );
@@ -608,9 +627,14 @@ fn run_locked_set(store: Store) -> Run {
     let started = Instant::now();
     let lease = ms(LEASE_MS);
     let mut n = 0;
-    while started.elapsed() < duration {
+    // A short run goes on (up to twice its time) until it paused clients a few times: the
+    // canary needs them to bite.
+    let more_pauses = |pauses: u64| faults.contains(&Pause::Client) && pauses < MIN_CLIENT_PAUSES;
+    while started.elapsed() < duration
+        || (more_pauses(client_pauses) && started.elapsed() < duration * 2)
+    {
         thread::sleep(lease * 2 + ms(rng.below(LEASE_MS)));
-        if faults.is_empty() || started.elapsed() >= duration {
+        if faults.is_empty() {
             continue;
         }
         let fault = faults[n % faults.len()];
@@ -626,7 +650,7 @@ fn run_locked_set(store: Store) -> Run {
                 parent.record(
                     &Event::new("nemesis", Type::Invoke, "pause-client", None)
                         .value(pause.as_millis() as i64)
-                        .error(format!("worker {target}")),
+                        .target(&format!("worker {target}")),
                 );
                 worker.signal(libc::SIGSTOP);
                 thread::sleep(pause);

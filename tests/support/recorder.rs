@@ -23,7 +23,8 @@
 //!   released; the hold ends there;
 //! - `value`, `read` (incr ok): the value written and the value read; `value` (read ok): the value
 //!   read; `value` (nemesis): the pause in milliseconds;
-//! - `error`: why a call failed or its outcome is unknown, in words.
+//! - `error`: why a call failed or its outcome is unknown, in words;
+//! - `target` (nemesis): what was paused, when not the server.
 //!
 //! Included with `#[path = "support/recorder.rs"] mod recorder;`.
 
@@ -97,6 +98,7 @@ pub struct Event {
     pub value: Option<i64>,
     pub read: Option<i64>,
     pub error: Option<String>,
+    pub target: Option<String>,
 }
 
 impl Event {
@@ -113,6 +115,7 @@ impl Event {
             value: None,
             read: None,
             error: None,
+            target: None,
         }
     }
 
@@ -143,6 +146,11 @@ impl Event {
 
     pub fn error(mut self, error: impl std::fmt::Display) -> Event {
         self.error = Some(error.to_string());
+        self
+    }
+
+    pub fn target(mut self, target: &str) -> Event {
+        self.target = Some(target.to_owned());
         self
     }
 
@@ -177,6 +185,10 @@ impl Event {
         if let Some(e) = &self.error {
             out.push_str(",\"error\":");
             push_json_string(&mut out, e);
+        }
+        if let Some(t) = &self.target {
+            out.push_str(",\"target\":");
+            push_json_string(&mut out, t);
         }
         out.push('}');
         out
