@@ -527,6 +527,8 @@ struct Run {
     /// The faults the nemesis was given.
     faults: Vec<Pause>,
     client_pauses: u64,
+    /// The history's temporary directory, removed on drop.
+    dir: Option<PathBuf>,
 }
 
 /// Runs the locked-set workload on `store` against one redis-server under the nemesis, then the
@@ -688,13 +690,24 @@ fn run_locked_set(store: Store) -> Run {
 
     let verdict = check(&dir);
     println!("{}", verdict.output);
-    if keep.is_none() && verdict.code == 0 {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
     Run {
         verdict,
         faults,
         client_pauses,
+        dir: keep.is_none().then_some(dir),
+    }
+}
+
+impl Drop for Run {
+    /// Removes a temporary history, unless the test failed: then it stays for a look.
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            if thread::panicking() {
+                eprintln!("the history stays in {}", dir.display());
+            } else {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
     }
 }
 
