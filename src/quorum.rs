@@ -106,9 +106,10 @@ impl Quorum {
         })
     }
 
-    /// When a call whose majority last answered at `heard` stops waiting for one.
-    fn gives_up_at(&self, heard: Instant) -> Instant {
-        heard + self.connection_timeout + self.response_timeout
+    /// When a call whose masters have been asked without a majority answering since `quiet`
+    /// stops asking: a connection and a response timeout later.
+    fn gives_up_at(&self, quiet: Instant) -> Instant {
+        quiet + self.connection_timeout + self.response_timeout
     }
 
     fn all(&self) -> std::ops::Range<usize> {
@@ -149,21 +150,22 @@ impl Quorum {
 
     /// One attempt for `keys.owner()` (fresh for this attempt), with `lease`, giving up at
     /// `deadline`. On anything but a grant, the attempt's keys are released on every master.
-    /// `heard` is when a majority of the masters last answered this caller (the call's start at
-    /// first): moved on when one does, so that a call whose attempts end early (masters stalled)
-    /// still gives up a connection and a response timeout after the majority went quiet, not
-    /// later, whatever the number of attempts.
+    /// `quiet` is the start of the call's first attempt since the last one a majority of the
+    /// masters answered (`None` while the last one was): a call whose attempts end early
+    /// (masters stalled) gives up a connection and a response timeout after the majority went
+    /// quiet, whatever the number of attempts, and the pauses between attempts that were
+    /// answered do not count.
     ///
     /// # Errors
     /// When a majority of the masters failed (none refused): the quorum is unreachable, not
     /// busy. A timeout among the failures makes it `Error::Timeout`, as does no majority
-    /// answering for a connection and a response timeout since `heard`.
+    /// answering for a connection and a response timeout since `quiet`.
     pub(crate) fn attempt(
         &self,
         keys: &LockKeys,
         lease: Duration,
         deadline: Option<Instant>,
-        heard: &mut Instant,
+        quiet: &mut Option<Instant>,
     ) -> Result<Attempt> {
         let n = self.masters.len();
         let t0 = Instant::now();
@@ -173,7 +175,7 @@ impl Quorum {
         // deadline that is all but past still gets its attempt. No majority answering within a
         // connection and a response timeout of the last time one did is a timeout (a worker
         // connecting to a frozen master can take both).
-        let patience = self.gives_up_at(*heard).max(t0 + MIN_WAIT);
+        let patience = self.gives_up_at(quiet.unwrap_or(t0)).max(t0 + MIN_WAIT);
         let stop = deadline
             .map_or(valid_until, |d| d.max(t0 + MIN_WAIT).min(valid_until))
             .min(patience);
@@ -242,7 +244,9 @@ impl Quorum {
             }
         }
         if granted.len() + held.len() >= self.quorum {
-            *heard = Instant::now();
+            *quiet = None;
+        } else if quiet.is_none() {
+            *quiet = Some(t0);
         }
         if granted.len() < self.quorum {
             self.give_up(keys, lease, false);
@@ -648,17 +652,17 @@ impl Locks {
     ) -> Result<Option<LockGuard>> {
         let mut keys = self.prepare(key, options)?;
         let lease = options.lease.unwrap_or(self.config.lease);
-        // When a majority of the masters last answered this call: its patience runs from there
-        // across attempts.
-        let mut heard = Instant::now();
-        let attempt = |keys: &mut LockKeys, heard: &mut Instant| {
+        // The start of the first attempt since a majority of the masters last answered one: the
+        // call's patience runs from there across attempts.
+        let mut quiet = None;
+        let attempt = |keys: &mut LockKeys, quiet: &mut Option<Instant>| {
             // A new owner id per attempt: a late release of a failed one must not delete this
             // one's key.
             self.new_owner(keys);
-            quorum.attempt(keys, lease, deadline, heard)
+            quorum.attempt(keys, lease, deadline, quiet)
         };
         if once {
-            return Ok(match attempt(&mut keys, &mut heard)? {
+            return Ok(match attempt(&mut keys, &mut quiet)? {
                 Attempt::Granted(token, sent) => {
                     Some(self.grant_quorum(keys, token, sent, lease, options))
                 }
@@ -668,7 +672,8 @@ impl Locks {
         let ticket = quorum.join(&keys);
         // When the head attempts next, unless woken first.
         let mut retry_at = Instant::now();
-        // The last attempt found no majority either way: a wake does not cut its pause short.
+        // The last attempt found no majority either way and was ahead: a wake does not cut its
+        // short pause.
         let mut split = false;
         // Such attempts in a row: masters down or slow make the pauses grow.
         let mut splits = 0u32;
@@ -684,11 +689,11 @@ impl Locks {
             if due && ticket.is_head() {
                 ticket.clear();
                 split = false;
-                let outcome = attempt(&mut keys, &mut heard)?;
+                let outcome = attempt(&mut keys, &mut quiet)?;
                 if !matches!(outcome, Attempt::Granted(..)) {
                     quorum.refused(&ticket);
                 }
-                retry_at = match outcome {
+                let retry = match outcome {
                     Attempt::Granted(token, sent) => {
                         ticket.granted();
                         return Ok(Some(self.grant_quorum(keys, token, sent, lease, options)));
@@ -709,19 +714,23 @@ impl Locks {
                         Instant::now() + pause + jitter(pause / 10 + MIN_PAUSE)
                     }
                     // Others attempted at the same moment, or masters failed: a random pause
-                    // keeps the next attempts from meeting again.
+                    // keeps the next attempts from meeting again. The attempt that was ahead
+                    // retries first; the others wait for its release as if refused by it (a wake
+                    // cuts their pause short): with a frozen minority every meeting of two
+                    // attempts is a split, and a pause that ignored the winner's release made its
+                    // waiter miss it.
                     Attempt::Split { ahead } => {
-                        split = true;
+                        split = ahead;
                         refusals = 0;
                         let first = if ahead { AHEAD_PAUSE } else { MAX_PAUSE };
                         let most = (first * 2u32.saturating_pow(splits)).min(MAX_SPLIT_PAUSE);
                         splits = splits.saturating_add(1);
                         Instant::now() + MIN_PAUSE + jitter(most)
                     }
-                }
+                };
                 // No pause outlasts the call's patience: with no majority answering, the next
                 // attempt is the one that reports it.
-                .min(quorum.gives_up_at(heard));
+                retry_at = quiet.map_or(retry, |q| retry.min(quorum.gives_up_at(q)));
                 continue;
             }
             // A thread behind the head looks again every second: a head that left with the lock

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | answers | replies to each request on its caller's channel | counts the reply |
 //! | refuses the connection | fails the batch at once; waits 50 ms, doubling to 1 s, before connecting again, failing requests meanwhile | counts a refusal |
-//! | frozen, or cut off | waits a response timeout, drops the connection, fails the batch | counts a refusal once it stops waiting, at its own deadline |
+//! | frozen, or cut off | waits a response timeout, drops the connection, fails the batch; connects again for the next batch, with no pause (that takes a connection timeout by itself) | no longer waits for it once it is stalled (below) and the others decide; else counts a refusal at its own deadline |
 //! | answers after its caller gave up | a request whose caller stopped waiting is not sent | - |
 //!
 //! A caller cannot tell a frozen master from a slow one, but it need not wait for one to decide:
@@ -385,7 +385,7 @@ impl Worker {
         if self.con.is_none() {
             if let Some(at) = self.retry_at {
                 if Instant::now() < at {
-                    // The failure of a moment ago, as it was: a timeout stays a timeout.
+                    // The refusal of a moment ago, as it was.
                     return Err(self.last_failure.clone().unwrap_or_else(|| {
                         RedisError::from((
                             redis::ErrorKind::Io,
@@ -404,10 +404,15 @@ impl Worker {
                     self.last_failure = None;
                     self.backoff = FIRST_BACKOFF;
                 }
+                Err(e) if e.is_timeout() => {
+                    // A frozen or cut-off master: the attempt itself took the connection
+                    // timeout, so no pause is added, and requests that come after a thaw are
+                    // not failed with an error of before it.
+                    self.health.suspect.store(true, Ordering::Relaxed);
+                    log::debug!("fencelock: quorum master {} unreachable: {e}", self.index);
+                    return Err(e);
+                }
                 Err(e) => {
-                    if e.is_timeout() {
-                        self.health.suspect.store(true, Ordering::Relaxed);
-                    }
                     self.last_failure = Some(e.clone());
                     self.retry_at = Some(Instant::now() + self.backoff);
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
