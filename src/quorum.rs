@@ -74,9 +74,9 @@ pub(crate) enum Attempt {
     Held(Option<Duration>, String),
     /// No majority either way: masters split between attempts (or held by what failed
     /// attempts left, being released), down, or slow. Retry after a random pause, a short one
-    /// when `ahead`: this attempt had more grants than any other owner had refusals, so the
-    /// others' attempts are the ones to step back (with a frozen minority every collision of two
-    /// attempts is a split, and both stepping back for as long cost half the grants).
+    /// when `ahead` (this attempt had more grants than any other owner had refusals) and the call
+    /// has waited before: the others' attempts are the ones to step back (with a frozen minority
+    /// every meeting of two attempts is a split, and both stepping back as long cost grants).
     Split { ahead: bool },
 }
 
@@ -681,6 +681,8 @@ impl Locks {
         // whose keys go at once and whose releases tell nobody, as well as from a holder, whose
         // release does: the timer grows from a short pause, to 2 s at most.
         let mut refusals = 0u32;
+        // This call has been refused or split before: it has waited.
+        let mut waited = false;
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -700,6 +702,7 @@ impl Locks {
                     }
                     // A release wakes us before then; the timer is for a holder that died.
                     Attempt::Held(free_in, holder) => {
+                        waited = true;
                         splits = 0;
                         // Refused by the owner whose release we heard: it has not reached every
                         // master yet, and its other messages were dropped as repeats.
@@ -720,6 +723,11 @@ impl Locks {
                     // attempts is a split, and a pause that ignored the winner's release made its
                     // waiter miss it.
                     Attempt::Split { ahead } => {
+                        // Only a call that has waited already takes the short pause: a thread
+                        // woken by its own client's release is usually ahead of a waiter of
+                        // another client (its acquire went out first), and taking the lock
+                        // from it on every meeting would starve that client.
+                        let ahead = ahead && std::mem::replace(&mut waited, true);
                         split = ahead;
                         refusals = 0;
                         let first = if ahead { AHEAD_PAUSE } else { MAX_PAUSE };

@@ -551,9 +551,32 @@ pub struct Pace {
     pub grants: Vec<u64>,
     pub waits: Vec<Duration>,
     pub errors: u64,
+    /// How many runs this is ([`Pace::merge`]).
+    pub runs: usize,
 }
 
 impl Pace {
+    /// Several runs of one workload as one.
+    pub fn merge(runs: Vec<Pace>) -> Pace {
+        let mut all = Pace {
+            grants: Vec::new(),
+            waits: Vec::new(),
+            errors: 0,
+            runs: 0,
+        };
+        for run in runs {
+            all.grants.resize(all.grants.len().max(run.grants.len()), 0);
+            for (a, g) in all.grants.iter_mut().zip(&run.grants) {
+                *a += g;
+            }
+            all.waits.extend(run.waits);
+            all.errors += run.errors;
+            all.runs += run.runs;
+        }
+        all.waits.sort_unstable();
+        all
+    }
+
     pub fn total(&self) -> u64 {
         self.grants.iter().sum()
     }
@@ -634,6 +657,7 @@ pub fn pace(
         grants: vec![0; clients.len()],
         waits: Vec::new(),
         errors: 0,
+        runs: 1,
     };
     for handle in handles {
         let (c, grants, errors) = handle
