@@ -17,10 +17,10 @@
 //!
 //! | step | counts | ends the step early | gives up |
 //! |---|---|---|---|
-//! | acquire | grants `{1, token}`; refusals by holder | a majority of grants; or, once no majority of grants can come, a majority refused for one holder (held) or none can (split) | the validity (lease − elapsed − drift) or the caller's deadline ran out |
-//! | confirm | `1`s | a majority of `1`s, or too many `0`s or failures for one | as acquire, counted from the acquire's start |
+//! | acquire | grants `{1, token}`; refusals by holder | a majority of grants; or, once no majority of grants can come, a majority refused for one holder (held) or none can (split); a stalled master (master.rs) that has not answered counts as failed | the validity (lease − elapsed − drift) or the caller's deadline ran out, or no majority answered for a connection and a response timeout since the call's first unanswered attempt |
+//! | confirm | `1`s | a majority of `1`s, or too many `0`s, failures or stalled masters for one | as acquire, counted from the acquire's start |
 //! | renew (renew.rs) | `1`s | a majority of `1`s; lost at once on more than N − majority `0`s | the deadline |
-//! | release | `1`s | every master answered, or a majority released | a response timeout (`unlock`); never waited for (`drop`) |
+//! | release | `1`s | every master answered or is stalled, or a majority released | a response timeout (`unlock`); never waited for (`drop`) |
 //!
 //! Every attempt has an owner id of its own: a release of a failed attempt that runs late must
 //! not delete the next attempt's key.
