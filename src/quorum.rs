@@ -17,10 +17,10 @@
 //!
 //! | step | counts | ends the step early | gives up |
 //! |---|---|---|---|
-//! | acquire | grants `{1, token}`; refusals by holder | a majority of grants; or, once no majority of grants can come, a majority refused for one holder (held) or none can (split) | the validity (lease − elapsed − drift) or the caller's deadline ran out |
-//! | confirm | `1`s | a majority of `1`s, or too many `0`s or failures for one | as acquire, counted from the acquire's start |
+//! | acquire | grants `{1, token}`; refusals by holder | a majority of grants; or, once no majority of grants can come, a majority refused for one holder (held) or none can (split); a stalled master (master.rs) that has not answered counts as failed | the validity (lease − elapsed − drift) or the caller's deadline ran out, or no majority answered for a connection and a response timeout since the call's first unanswered attempt |
+//! | confirm | `1`s | a majority of `1`s, or too many `0`s, failures or stalled masters for one | as acquire, counted from the acquire's start |
 //! | renew (renew.rs) | `1`s | a majority of `1`s; lost at once on more than N − majority `0`s | the deadline |
-//! | release | `1`s | every master answered, or a majority released | a response timeout (`unlock`); never waited for (`drop`) |
+//! | release | `1`s | every master answered or is stalled, or a majority released | a response timeout (`unlock`); never waited for (`drop`) |
 //!
 //! Every attempt has an owner id of its own: a release of a failed attempt that runs late must
 //! not delete the next attempt's key.
@@ -32,7 +32,7 @@ mod wake;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use redis::RedisError;
 
 use crate::connector::Connector;
@@ -73,8 +73,11 @@ pub(crate) enum Attempt {
     /// majority-th shortest of the leases they reported).
     Held(Option<Duration>, String),
     /// No majority either way: masters split between attempts (or held by what failed
-    /// attempts left, being released), down, or slow. Retry after a random pause.
-    Split,
+    /// attempts left, being released), down, or slow. Retry after a random pause, a short one
+    /// when `ahead` (this attempt had more grants than any other owner had refusals) and the call
+    /// has waited before: the others' attempts are the ones to step back (with a frozen minority
+    /// every meeting of two attempts is a split, and both stepping back as long cost grants).
+    Split { ahead: bool },
 }
 
 impl Quorum {
@@ -101,6 +104,12 @@ impl Quorum {
             connection_timeout,
             response_timeout,
         })
+    }
+
+    /// When a call whose masters have been asked without a majority answering since `quiet`
+    /// stops asking: a connection and a response timeout later.
+    fn gives_up_at(&self, quiet: Instant) -> Instant {
+        quiet + self.connection_timeout + self.response_timeout
     }
 
     fn all(&self) -> std::ops::Range<usize> {
@@ -141,25 +150,32 @@ impl Quorum {
 
     /// One attempt for `keys.owner()` (fresh for this attempt), with `lease`, giving up at
     /// `deadline`. On anything but a grant, the attempt's keys are released on every master.
+    /// `quiet` is the start of the call's first attempt since the last one a majority of the
+    /// masters answered (`None` while the last one was): a call whose attempts end early
+    /// (masters stalled) gives up a connection and a response timeout after the majority went
+    /// quiet, whatever the number of attempts, and the pauses between attempts that were
+    /// answered do not count.
     ///
     /// # Errors
-    /// The first failure, when a majority of the masters failed (none refused): the quorum is
-    /// unreachable, not busy.
+    /// When a majority of the masters failed (none refused): the quorum is unreachable, not
+    /// busy. A timeout among the failures makes it `Error::Timeout`, as does no majority
+    /// answering for a connection and a response timeout since `quiet`.
     pub(crate) fn attempt(
         &self,
         keys: &LockKeys,
         lease: Duration,
         deadline: Option<Instant>,
+        quiet: &mut Option<Instant>,
     ) -> Result<Attempt> {
         let n = self.masters.len();
         let t0 = Instant::now();
         // Past this the lease may have run out on the masters that granted first.
         let valid_until = deadline_of(t0, lease);
         // A reply is awaited until the caller's deadline, but at least a little while: a
-        // deadline that is all but past still gets its attempt. A master that has not answered
-        // within a connection and a response timeout counts as failed (a worker connecting to
-        // a frozen master can take both).
-        let patience = t0 + self.connection_timeout + self.response_timeout;
+        // deadline that is all but past still gets its attempt. No majority answering within a
+        // connection and a response timeout of the last time one did is a timeout (a worker
+        // connecting to a frozen master can take both).
+        let patience = self.gives_up_at(quiet.unwrap_or(t0)).max(t0 + MIN_WAIT);
         let stop = deadline
             .map_or(valid_until, |d| d.max(t0 + MIN_WAIT).min(valid_until))
             .min(patience);
@@ -181,15 +197,20 @@ impl Quorum {
         // Refusals: the holder's remaining lease, and who holds it.
         let mut held: Vec<(Option<Duration>, Option<String>)> = Vec::new();
         let mut failed: Vec<RedisError> = Vec::new();
+        let mut answered = vec![false; n];
         // Ends at a majority of grants; once none can come, at a majority refused for one holder
         // or once no holder can reach one (a failed master, or another's key, among the first
-        // refusals must not turn a held lock into a split).
+        // refusals must not turn a held lock into a split). A stalled master that has not
+        // answered counts as failed: waiting for it would hold the attempt up until its
+        // validity ran out whenever the others split between contenders.
         loop {
             if granted.len() >= self.quorum {
                 break;
             }
-            if held.len() + failed.len() > n - self.quorum {
-                let unanswered = n - granted.len() - held.len() - failed.len();
+            let now = Instant::now();
+            let waiting = |m: &usize| !answered[*m] && !self.masters.is_stalled(*m, now);
+            let unanswered = self.all().filter(waiting).count();
+            if n - granted.len() - unanswered > n - self.quorum {
                 let best = held
                     .iter()
                     .filter_map(|(_, h)| h.as_ref())
@@ -200,9 +221,13 @@ impl Quorum {
                     break;
                 }
             }
-            let Ok(reply) = rx.recv_deadline(stop) else {
-                break;
+            let look = self.masters.next_stall(self.all().filter(waiting), now);
+            let reply = match rx.recv_deadline(look.min(stop)) {
+                Ok(reply) => reply,
+                Err(RecvTimeoutError::Timeout) if look < stop => continue,
+                Err(_) => break,
             };
+            answered[reply.master] = true;
             match reply.result.and_then(|v| scripts::acquired_naming(v, keys)) {
                 Ok((Acquire::Granted(token), _)) => granted.push((reply.master, token)),
                 Ok((Acquire::Held(pttl), holder)) => held.push((pttl, holder)),
@@ -211,16 +236,22 @@ impl Quorum {
         }
         // Grants that came with the last counted one raise T and join the write-back.
         while let Ok(reply) = rx.try_recv() {
-            if let Ok(Ok((Acquire::Granted(token), _))) =
-                reply.result.map(|v| scripts::acquired_naming(v, keys))
-            {
-                granted.push((reply.master, token));
+            answered[reply.master] = true;
+            match reply.result.and_then(|v| scripts::acquired_naming(v, keys)) {
+                Ok((Acquire::Granted(token), _)) => granted.push((reply.master, token)),
+                Ok((Acquire::Held(pttl), holder)) => held.push((pttl, holder)),
+                Err(e) => failed.push(e),
             }
+        }
+        if granted.len() + held.len() >= self.quorum {
+            *quiet = None;
+        } else if quiet.is_none() {
+            *quiet = Some(t0);
         }
         if granted.len() < self.quorum {
             self.give_up(keys, lease, false);
             // Held only when a majority refused for one holder, who will publish its release.
-            // Refusals by several owners are other attempts (or what failed ones left, being
+            // Refusals by several owners are other attempts (or what failed attempts left, being
             // released unannounced): nobody may hold the lock, and nobody will say when it is
             // free, so that is a split.
             let holder = held.iter().filter_map(|(_, h)| h.as_ref()).find(|h| {
@@ -236,15 +267,24 @@ impl Quorum {
                 return Ok(Attempt::Held(pttls[self.quorum - 1], holder.clone()));
             }
             if failed.len() > n - self.quorum {
-                return Err(Error::from_redis(failed.swap_remove(0)));
+                // A master that timed out is frozen or cut off rather than down: say so.
+                let first = failed.iter().position(RedisError::is_timeout).unwrap_or(0);
+                return Err(Error::from_redis(failed.swap_remove(first)));
             }
-            let unanswered = n - granted.len() - held.len() - failed.len();
-            if failed.len() + unanswered > n - self.quorum && Instant::now() >= patience {
+            if granted.len() + held.len() < self.quorum && Instant::now() >= patience {
                 return Err(Error::Timeout(
                     "no majority of the masters answered in time".into(),
                 ));
             }
-            return Ok(Attempt::Split);
+            let most_refused = held
+                .iter()
+                .filter_map(|(_, h)| h.as_ref())
+                .map(|h| held.iter().filter(|(_, o)| o.as_ref() == Some(h)).count())
+                .max()
+                .unwrap_or(0);
+            return Ok(Attempt::Split {
+                ahead: granted.len() > most_refused,
+            });
         }
         let token = granted
             .iter()
@@ -275,10 +315,24 @@ impl Quorum {
             false,
         );
         let (mut yes, mut other) = (0, 0);
-        while yes < self.quorum && other <= asked - self.quorum {
-            let Ok(reply) = rx.recv_deadline(stop) else {
+        let mut confirmed = vec![true; n];
+        for (m, _) in &granted {
+            confirmed[*m] = false;
+        }
+        loop {
+            let now = Instant::now();
+            let waiting = |m: &usize| !confirmed[*m] && !self.masters.is_stalled(*m, now);
+            let stalled = asked - yes - other - self.all().filter(waiting).count();
+            if yes >= self.quorum || other + stalled > asked - self.quorum {
                 break;
+            }
+            let look = self.masters.next_stall(self.all().filter(waiting), now);
+            let reply = match rx.recv_deadline(look.min(stop)) {
+                Ok(reply) => reply,
+                Err(RecvTimeoutError::Timeout) if look < stop => continue,
+                Err(_) => break,
             };
+            confirmed[reply.master] = true;
             match reply.result.map(scripts::extended) {
                 Ok(Ok(true)) => yes += 1,
                 _ => other += 1,
@@ -287,7 +341,7 @@ impl Quorum {
         if yes < self.quorum || Instant::now() >= valid_until {
             // A majority granted it: waiters refused by that majority took it for held.
             self.give_up(keys, lease, true);
-            return Ok(Attempt::Split);
+            return Ok(Attempt::Split { ahead: false });
         }
         Ok(Attempt::Granted(token, t0))
     }
@@ -369,13 +423,24 @@ impl Quorum {
             no: 0,
             failed: Vec::new(),
         };
-        while tally.yes < self.quorum
-            && tally.no <= n - self.quorum
-            && tally.yes + tally.no + tally.failed.len() < n
-        {
-            let Ok(reply) = rx.recv_deadline(until) else {
+        let mut answered = vec![false; n];
+        // A stalled master that has not answered is not waited for once every other one has.
+        loop {
+            let now = Instant::now();
+            let waiting = |m: &usize| !answered[*m] && !self.masters.is_stalled(*m, now);
+            if tally.yes >= self.quorum
+                || tally.no > n - self.quorum
+                || !self.all().any(|m| waiting(&m))
+            {
                 break;
+            }
+            let look = self.masters.next_stall(self.all().filter(waiting), now);
+            let reply = match rx.recv_deadline(look.min(until)) {
+                Ok(reply) => reply,
+                Err(RecvTimeoutError::Timeout) if look < until => continue,
+                Err(_) => break,
             };
+            answered[reply.master] = true;
             match reply.result.map(scripts::extended) {
                 Ok(Ok(true)) => tally.yes += 1,
                 Ok(Ok(false)) if retried_is_yes && reply.retried => tally.yes += 1,
@@ -587,24 +652,28 @@ impl Locks {
     ) -> Result<Option<LockGuard>> {
         let mut keys = self.prepare(key, options)?;
         let lease = options.lease.unwrap_or(self.config.lease);
-        let attempt = |keys: &mut LockKeys| {
+        // The start of the first attempt since a majority of the masters last answered one: the
+        // call's patience runs from there across attempts.
+        let mut quiet = None;
+        let attempt = |keys: &mut LockKeys, quiet: &mut Option<Instant>| {
             // A new owner id per attempt: a late release of a failed one must not delete this
             // one's key.
             self.new_owner(keys);
-            quorum.attempt(keys, lease, deadline)
+            quorum.attempt(keys, lease, deadline, quiet)
         };
         if once {
-            return Ok(match attempt(&mut keys)? {
+            return Ok(match attempt(&mut keys, &mut quiet)? {
                 Attempt::Granted(token, sent) => {
                     Some(self.grant_quorum(keys, token, sent, lease, options))
                 }
-                Attempt::Held(..) | Attempt::Split => None,
+                Attempt::Held(..) | Attempt::Split { .. } => None,
             });
         }
         let ticket = quorum.join(&keys);
         // When the head attempts next, unless woken first.
         let mut retry_at = Instant::now();
-        // The last attempt found no majority either way: a wake does not cut its pause short.
+        // The last attempt found no majority either way and was ahead: a wake does not cut its
+        // short pause.
         let mut split = false;
         // Such attempts in a row: masters down or slow make the pauses grow.
         let mut splits = 0u32;
@@ -612,6 +681,8 @@ impl Locks {
         // whose keys go at once and whose releases tell nobody, as well as from a holder, whose
         // release does: the timer grows from a short pause, to 2 s at most.
         let mut refusals = 0u32;
+        // This call has been refused or split before: it has waited.
+        let mut waited = false;
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -620,17 +691,18 @@ impl Locks {
             if due && ticket.is_head() {
                 ticket.clear();
                 split = false;
-                let outcome = attempt(&mut keys)?;
+                let outcome = attempt(&mut keys, &mut quiet)?;
                 if !matches!(outcome, Attempt::Granted(..)) {
                     quorum.refused(&ticket);
                 }
-                retry_at = match outcome {
+                let retry = match outcome {
                     Attempt::Granted(token, sent) => {
                         ticket.granted();
                         return Ok(Some(self.grant_quorum(keys, token, sent, lease, options)));
                     }
                     // A release wakes us before then; the timer is for a holder that died.
                     Attempt::Held(free_in, holder) => {
+                        waited = true;
                         splits = 0;
                         // Refused by the owner whose release we heard: it has not reached every
                         // master yet, and its other messages were dropped as repeats.
@@ -645,15 +717,28 @@ impl Locks {
                         Instant::now() + pause + jitter(pause / 10 + MIN_PAUSE)
                     }
                     // Others attempted at the same moment, or masters failed: a random pause
-                    // keeps the next attempts from meeting again.
-                    Attempt::Split => {
-                        split = true;
+                    // keeps the next attempts from meeting again. The attempt that was ahead
+                    // retries first; the others wait for its release as if refused by it (a wake
+                    // cuts their pause short): with a frozen minority every meeting of two
+                    // attempts is a split, and a pause that ignored the winner's release made its
+                    // waiter miss it.
+                    Attempt::Split { ahead } => {
+                        // Only a call that has waited already takes the short pause: a thread
+                        // woken by its own client's release is usually ahead of a waiter of
+                        // another client (its acquire went out first), and taking the lock
+                        // from it on every meeting would starve that client.
+                        let ahead = ahead && std::mem::replace(&mut waited, true);
+                        split = ahead;
                         refusals = 0;
-                        let most = (MAX_PAUSE * 2u32.saturating_pow(splits)).min(MAX_SPLIT_PAUSE);
+                        let first = if ahead { AHEAD_PAUSE } else { MAX_PAUSE };
+                        let most = (first * 2u32.saturating_pow(splits)).min(MAX_SPLIT_PAUSE);
                         splits = splits.saturating_add(1);
                         Instant::now() + MIN_PAUSE + jitter(most)
                     }
                 };
+                // No pause outlasts the call's patience: with no majority answering, the next
+                // attempt is the one that reports it.
+                retry_at = quiet.map_or(retry, |q| retry.min(quorum.gives_up_at(q)));
                 continue;
             }
             // A thread behind the head looks again every second: a head that left with the lock
@@ -703,6 +788,10 @@ impl Locks {
 /// A refusal's timer starts at `MAX_PAUSE` too and doubles up to `MAX_HELD_PAUSE`.
 const MIN_PAUSE: Duration = Duration::from_millis(1);
 const MAX_PAUSE: Duration = Duration::from_millis(20);
+/// The longest first pause after a split in which this attempt was ahead (see
+/// [`Attempt::Split`]): it doubles as `MAX_PAUSE` does, so that an attempt that stays ahead of
+/// keys that will not go (a holder granted by masters that froze since) does not spin.
+const AHEAD_PAUSE: Duration = Duration::from_millis(2);
 const MAX_SPLIT_PAUSE: Duration = Duration::from_secs(1);
 /// The longest a refused head waits for a release message before it attempts again: the
 /// backstop for a message that never comes (subscriptions down, a holder that died or whose

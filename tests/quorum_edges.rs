@@ -356,3 +356,50 @@ fn with_one_master_down_a_waiter_is_not_woken_by_the_release() {
         "a waiter took up to {worst:?} after a release with one master of three down: {lags:?}"
     );
 }
+
+/// `lock()` with two of three masters frozen fails with `Error::Timeout` about a connection and a
+/// response timeout after the majority went quiet, however many attempts it made meanwhile. Each
+/// attempt once waited for its own lease and started the patience again, so `lock()` failed after
+/// 4 to 9 s, with `Error::Connection` (a worker's failed reconnection to a frozen master).
+#[test]
+fn lock_with_a_majority_frozen_times_out_after_a_connection_and_a_response_timeout() {
+    let servers = masters(3);
+    let (connection, response) = (ms(1_000), ms(2_000));
+    let c = LockClient::builder(Topology::quorum(servers.iter().map(|s| s.url())))
+        .namespace(NAMESPACE)
+        .lease(ms(800))
+        .connection_timeout(connection)
+        .response_timeout(response)
+        .build()
+        .unwrap();
+    // Connections are up.
+    c.lock("quiet").unwrap().unlock().unwrap();
+    let _resume = Resume(&servers[1..]);
+    servers[1].pause();
+    servers[2].pause();
+    // Twice: the second call meets the workers' reconnections to the frozen masters.
+    for call in 0..2 {
+        let started = Instant::now();
+        let got = c.lock("quiet");
+        let took = started.elapsed();
+        eprintln!(
+            "lock() {call} with 2 of 3 frozen: {:?} after {took:?}",
+            got.as_ref().map(|g| g.token())
+        );
+        assert!(
+            matches!(got, Err(fencelock::Error::Timeout(_))),
+            "lock() {call} with 2 of 3 masters frozen: {:?}",
+            got.map(|g| g.token())
+        );
+        // Loose: a connection and a response timeout, plus a second for a loaded machine.
+        assert!(
+            took <= connection + response + ms(1_000),
+            "lock() {call} failed after {took:?}"
+        );
+    }
+    for s in &servers[1..] {
+        s.resume();
+    }
+    let guard = c.try_lock("quiet", ms(5_000)).unwrap();
+    assert!(guard.is_some(), "not granted after the masters resumed");
+}

@@ -7,6 +7,8 @@
 //! - a master killed, wiped and restarted after a lease: it serves again, tokens rise across it;
 //!   and when it was the master whose counter was ahead, later grants still take tokens above
 //!   the one it gave (the write-back carried that token to the rest of the majority);
+//! - two masters frozen under two clients contending on a few keys: grants keep a good part of
+//!   the healthy pace, and neither client starves;
 //! - three masters frozen: nothing is granted, every call answers within its timeout, a held
 //!   lock is reported lost within a lease, and locking resumes after the thaw;
 //! - the canary: the protocol run by hand with the library's own scripts, once without the
@@ -25,7 +27,7 @@ use fencelock::crossbeam_channel::RecvTimeoutError;
 use fencelock::{FencedRedis, LockClient};
 use support::faults::{fence_key, spawn_answer};
 use support::history::{History, Hold};
-use support::quorum::{resource, Quorum, Workload, WorkloadConfig};
+use support::quorum::{pace, resource, Quorum, Workload, WorkloadConfig};
 use support::{lock_key, ms, RedisServer, NAMESPACE};
 
 const MASTERS: usize = 5;
@@ -105,6 +107,52 @@ fn two_frozen_masters_do_not_stop_locking() {
         lease * 6,
         outcome.summary()
     );
+}
+
+/// Two clients of four threads each taking three keys in turn (`try_lock(key, 2 s)`, a short hold,
+/// `unlock`), with the default timeouts: with two of five masters frozen they keep a good part of
+/// the pace they had with all five, and each client gets its share. The three live masters must
+/// all grant for a majority, so two attempts that meet split them; such an attempt once waited
+/// for the frozen masters until its validity ran out, and grants fell to about 1% of the healthy
+/// count.
+#[test]
+fn a_frozen_minority_keeps_the_pace_of_two_contending_clients() {
+    let _one = serial();
+    let lease = ms(1_500);
+    let q = Quorum::start(MASTERS);
+    let client = || {
+        LockClient::builder(q.topology())
+            .namespace(NAMESPACE)
+            .lease(lease)
+            .build()
+            .unwrap()
+    };
+    let clients = [client(), client()];
+    let keys = ["pace-a", "pace-b", "pace-c"];
+    let run = ms(2_000);
+    let healthy = pace(&clients, &keys, 4, ms(2_000), run);
+    q.freeze(1);
+    q.freeze(2);
+    let frozen = pace(&clients, &keys, 4, ms(2_000), run);
+    q.thaw_all();
+    eprintln!("all five masters: {healthy}\ntwo of five frozen: {frozen}");
+    assert!(healthy.total() >= 40, "the workload did not run: {healthy}");
+    assert_eq!(frozen.errors, 0, "{frozen}");
+    assert!(
+        frozen.total() * 3 >= healthy.total(),
+        "with two of five masters frozen: {frozen}; with all five: {healthy}"
+    );
+    // An attempt that waited for the frozen masters waited until its validity ran out.
+    assert!(
+        frozen.wait(0.99) < lease / 3,
+        "waits near the lease with two of five masters frozen: {frozen}"
+    );
+    for (c, grants) in frozen.grants.iter().enumerate() {
+        assert!(
+            grants * 12 >= frozen.total(),
+            "client {c} starved with two of five masters frozen: {frozen}"
+        );
+    }
 }
 
 #[test]

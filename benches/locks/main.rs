@@ -55,6 +55,9 @@
 //!   same protocol on plain connections from one thread and a redsync-style Redlock (which has
 //!   no fencing token); T threads over C clients on one key (quorum, one server, Redlock); and
 //!   handoffs to a waiter of another client (quorum and one server);
+//! - `quorum_minority` (`minority` alone): two clients contending on a quorum of 5 masters with 2
+//!   frozen and of 3 with 1 frozen, against the same with all healthy and the deployment without
+//!   that minority, and with 2 of 5 killed; M_MS per run;
 //! - `tls` (with `--features tls`): a new connection (connect, TLS handshake, PING) and
 //!   uncontended `lock` + `unlock` (U iterations) over TLS, each beside the same on the plain port
 //!   of one redis-server.
@@ -217,6 +220,9 @@ fn main() {
     }
     if p.selected("quorum") {
         quorum::run(&p, &mut r);
+    }
+    if p.selected("quorum_minority") {
+        quorum::run_minority(&p, &mut r);
     }
     if p.selected("tls") {
         #[cfg(feature = "tls")]

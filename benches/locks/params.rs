@@ -24,6 +24,8 @@ pub struct Params {
     pub idle_keys: u64,
     pub recorder: bool,
     pub pg_rounds: usize,
+    /// One run of the quorum-minority workload (`M_MS`).
+    pub minority: Duration,
 }
 
 impl Params {
@@ -77,6 +79,7 @@ impl Params {
             idle_keys: get("IK", 10_000).max(1),
             recorder: get("RECORDER", 0) != 0,
             pg_rounds: get("PG_ROUNDS", 3).max(1) as usize,
+            minority: Duration::from_millis(get("M_MS", 2000).max(100)),
         }
     }
 

@@ -45,7 +45,7 @@ use crate::handoff::handoff_fencelock;
 use crate::measure::{processes_cpu, self_cpu, Noise, ThreadCpu};
 use crate::params::Params;
 use crate::report::{fmt_d, section, Report};
-use crate::server::{builder, command_calls, RedisServer, NOOP};
+use crate::server::{builder, command_calls, pace, Pace, RedisServer, NOOP};
 use crate::stats::{jitter, mix, pct, sorted};
 
 const B: &str = "10 quorum";
@@ -976,4 +976,146 @@ fn handoffs(masters: &[&RedisServer], p: &Params, r: &mut Report, unit: Duration
         "1 server: handoff to another client p50 / p99",
         p50_99(r, &s, unit),
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// a frozen or killed minority
+// ---------------------------------------------------------------------------------------------
+
+const BM: &str = "10b quorum minority";
+/// The workload's lease and `try_lock` timeout.
+const MINORITY_LEASE: Duration = Duration::from_millis(1_500);
+const MINORITY_WAIT: Duration = Duration::from_secs(2);
+/// Runs of each configuration, in turns.
+const ROUNDS: usize = 3;
+
+/// `quorum_minority`: the same contention workload on a quorum with all masters healthy, with a
+/// minority frozen (SIGSTOP: connections open, no replies) or killed (connections refused), and
+/// on the deployment without that minority: two clients of four threads taking three keys in
+/// turn with `try_lock(key, 2 s)`, holding each grant 0.5 ms, lease 1.5 s, the default
+/// timeouts (5 s). Each configuration runs M_MS (default 2 s) three times, in turns; fresh clients
+/// and keys for each run. Reported: grants/s and the p99 wait of a `try_lock`, as ratios.
+pub fn run_minority(p: &Params, r: &mut Report) {
+    let run = p.minority;
+    section(&format!(
+        "10b. quorum with a frozen or killed minority: 2 clients x 4 threads, 3 keys, \
+         try_lock(2 s) / 0.5 ms hold / unlock, lease 1.5 s, {} per run, {ROUNDS} in turns",
+        fmt_d(run)
+    ));
+    let mut servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let pids: Vec<u32> = servers.iter().map(RedisServer::pid).collect();
+    let noise = Noise::start_all(&pids);
+    // Masters 1 and 2 are the minority of five; the deployment without them is 0, 3, 4, of
+    // which 4 is the minority of three (a deployment of the two others is not a quorum: it
+    // needs three masters).
+    let five: Vec<usize> = (0..5).collect();
+    let three = vec![0, 3, 4];
+    let configs: [(&str, &[usize], &[usize]); 4] = [
+        ("5 masters", &five, &[]),
+        ("5 masters, 2 frozen", &five, &[1, 2]),
+        ("3 masters", &three, &[]),
+        ("3 masters, 1 frozen", &three, &[4]),
+    ];
+    let mut seen: Vec<Vec<Pace>> = configs.iter().map(|_| Vec::new()).collect();
+    for round in 0..ROUNDS {
+        for (i, (name, masters, frozen)) in configs.iter().enumerate() {
+            for &f in *frozen {
+                servers[f].pause();
+            }
+            let on: Vec<&RedisServer> = masters.iter().map(|&m| &servers[m]).collect();
+            seen[i].push(minority_run(&on, &format!("m{round}{i}"), run));
+            for &f in *frozen {
+                servers[f].resume();
+            }
+            println!("    {name} ({round}): {}", seen[i][round]);
+        }
+    }
+    // Killed last: the servers do not come back.
+    servers[1].kill();
+    servers[2].kill();
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    let killed = minority_run(&all, "mk", run);
+    println!("    5 masters, 2 killed: {killed}");
+    noise.report(r, BM);
+
+    let merged: Vec<Pace> = seen.into_iter().map(Pace::merge).collect();
+    let rate = |p: &Pace| p.total() as f64 / (run.as_secs_f64() * p.runs as f64);
+    for ((name, ..), pace) in configs.iter().zip(&merged) {
+        r.info(
+            BM,
+            &format!("{name}: grants/s; wait p50 / p99; per client"),
+            format!(
+                "{:.0}/s; {} / {}; {:?}",
+                rate(pace),
+                fmt_d(pace.wait(0.5)),
+                fmt_d(pace.wait(0.99)),
+                pace.grants
+            ),
+        );
+    }
+    r.info(
+        BM,
+        "5 masters, 2 killed: grants/s; wait p50 / p99",
+        format!(
+            "{:.0}/s; {} / {}",
+            rate(&killed),
+            fmt_d(killed.wait(0.5)),
+            fmt_d(killed.wait(0.99))
+        ),
+    );
+    let [healthy5, frozen5, healthy3, frozen3] = &merged[..] else {
+        unreachable!("four configurations")
+    };
+    let ratios = |of: &Pace, to: &Pace| {
+        format!(
+            "{:.2}; {:.2}",
+            rate(of) / rate(to).max(1e-9),
+            to.wait(0.99).as_secs_f64() / of.wait(0.99).as_secs_f64().max(1e-9)
+        )
+    };
+    r.check(
+        BM,
+        "2 of 5 frozen / healthy: rate; healthy p99 / its p99",
+        ratios(frozen5, healthy5),
+        ">= 0.5; >= 0.5",
+        rate(frozen5) >= rate(healthy5) / 2.0 && frozen5.wait(0.99) <= healthy5.wait(0.99) * 2,
+    );
+    r.info(
+        BM,
+        "2 of 5 frozen / 3 masters: rate; p99 ratio",
+        ratios(frozen5, healthy3),
+    );
+    r.info(
+        BM,
+        "2 of 5 killed / healthy: rate; p99 ratio",
+        ratios(&killed, healthy5),
+    );
+    r.info(
+        BM,
+        "2 of 5 killed / 3 masters: rate; p99 ratio",
+        ratios(&killed, healthy3),
+    );
+    r.check(
+        BM,
+        "1 of 3 frozen / healthy: rate; healthy p99 / its p99",
+        ratios(frozen3, healthy3),
+        ">= 0.5; >= 0.5",
+        rate(frozen3) >= rate(healthy3) / 2.0 && frozen3.wait(0.99) <= healthy3.wait(0.99) * 2,
+    );
+}
+
+/// One run of the workload on `masters`, keys under `tag`, with fresh clients.
+fn minority_run(masters: &[&RedisServer], tag: &str, run: Duration) -> Pace {
+    let topology = Topology::quorum(masters.iter().map(|s| s.url()));
+    let clients: Vec<LockClient> = (0..2)
+        .map(|_| {
+            builder(topology.clone())
+                .lease(MINORITY_LEASE)
+                .build()
+                .expect("quorum LockClient")
+        })
+        .collect();
+    let keys: Vec<String> = (0..3).map(|k| format!("{tag}:{k}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    pace(&clients, &keys, 4, MINORITY_WAIT, run)
 }

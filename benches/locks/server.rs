@@ -10,6 +10,7 @@ use fencelock::{Builder, LockClient};
 mod support;
 
 pub use support::cluster;
+pub use support::quorum::{pace, Pace};
 pub use support::sentinel;
 #[cfg(feature = "tls")]
 pub use support::tls;

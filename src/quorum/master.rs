@@ -9,13 +9,24 @@
 //! |---|---|---|
 //! | answers | replies to each request on its caller's channel | counts the reply |
 //! | refuses the connection | fails the batch at once; waits 50 ms, doubling to 1 s, before connecting again, failing requests meanwhile | counts a refusal |
-//! | frozen, or cut off | waits a response timeout, drops the connection, fails the batch | counts a refusal once it stops waiting, at its own deadline |
+//! | frozen, or cut off | waits a response timeout, drops the connection, fails the batch; connects again for the next batch, with no pause (that takes a connection timeout by itself) | no longer waits for it once it is stalled (below) and the others decide; else counts a refusal at its own deadline |
 //! | answers after its caller gave up | a request whose caller stopped waiting is not sent | - |
+//!
+//! A caller cannot tell a frozen master from a slow one, but it need not wait for one to decide:
+//! each worker publishes since when it has been busy with one exchange (or a connection
+//! attempt), and whether its last exchange timed out. A master whose worker has been busy for
+//! [`STALL`], or that timed out last time and is busy again, is *stalled*: a call waits no longer
+//! for it once the other masters' replies decide the step (see [`Masters::stalled_at`]). A reply
+//! that comes from it before the step is decided still counts. Without this, every attempt that
+//! the live masters alone could not decide (two clients splitting them) waited for a frozen
+//! master until the attempt's validity ran out, and a frozen minority cut grants to a few per
+//! cent.
 //!
 //! A request that reaches a frozen master may run when it wakes, late: the protocol allows for
 //! that (a late acquire holds a master's key until its lease runs out; a late confirm or extend
 //! does nothing unless the lock is still that attempt's).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,6 +42,11 @@ use crate::wire::{self, Interrupted};
 const MAX_BATCH: usize = 256;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a worker may be busy with one exchange before callers stop waiting for its master
+/// (when the others decide without it). Far above a round trip, even on a loaded machine, and far
+/// below a lease: a master that is only slow costs an attempt a retry at worst, never a wrong
+/// answer, since a step decided without it is decided by the others' replies alone.
+pub(crate) const STALL: Duration = Duration::from_millis(50);
 
 /// One request to one master.
 pub(crate) struct Request {
@@ -74,6 +90,29 @@ pub(crate) struct Reply {
 /// The sending end of each master's worker; the workers end when this is dropped.
 pub(crate) struct Masters {
     workers: Vec<Sender<Request>>,
+    health: Vec<Arc<Health>>,
+    /// What [`Health::busy_since`] counts from.
+    epoch: Instant,
+}
+
+/// What a worker tells callers about its master.
+struct Health {
+    /// Microseconds from [`Masters::epoch`] to the start of the exchange (or connection attempt)
+    /// under way, plus one; 0 while the worker waits for requests.
+    busy_since: AtomicU64,
+    /// The last exchange or connection attempt timed out, and no reply came since.
+    suspect: AtomicBool,
+}
+
+impl Health {
+    fn busy(&self, epoch: Instant) {
+        let micros = u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+        self.busy_since.store(micros + 1, Ordering::Relaxed);
+    }
+
+    fn idle(&self) {
+        self.busy_since.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Masters {
@@ -84,10 +123,20 @@ impl Masters {
         response_timeout: Duration,
     ) -> std::io::Result<Masters> {
         let mut workers = Vec::new();
+        let mut healths = Vec::new();
+        let epoch = Instant::now();
         for index in 0..connector.masters() {
             let (tx, rx) = crossbeam_channel::unbounded();
+            let health = Arc::new(Health {
+                busy_since: AtomicU64::new(0),
+                suspect: AtomicBool::new(false),
+            });
+            healths.push(Arc::clone(&health));
             let worker = Worker {
                 index,
+                health,
+                epoch,
+                last_failure: None,
                 connector: Arc::clone(connector),
                 connection_timeout,
                 response_timeout,
@@ -100,11 +149,49 @@ impl Masters {
                 .spawn(move || worker.run(&rx))?;
             workers.push(tx);
         }
-        Ok(Masters { workers })
+        Ok(Masters {
+            workers,
+            health: healths,
+            epoch,
+        })
     }
 
     pub(crate) fn len(&self) -> usize {
         self.workers.len()
+    }
+
+    /// From when `master` counts as stalled if it has not answered by then: now or earlier when
+    /// it already is (busy for [`STALL`], or busy again after a timeout), `None` while its worker
+    /// waits for requests (it takes ours at once).
+    pub(crate) fn stalled_at(&self, master: usize) -> Option<Instant> {
+        let health = &self.health[master];
+        let since = match health.busy_since.load(Ordering::Relaxed) {
+            0 => return None,
+            micros => self.epoch + Duration::from_micros(micros - 1),
+        };
+        if health.suspect.load(Ordering::Relaxed) {
+            return Some(since);
+        }
+        Some(since + STALL)
+    }
+
+    /// When to look again at the masters in `waiting` (not answered yet, none stalled at `now`):
+    /// the first moment one of them may count as stalled.
+    pub(crate) fn next_stall(
+        &self,
+        waiting: impl IntoIterator<Item = usize>,
+        now: Instant,
+    ) -> Instant {
+        waiting
+            .into_iter()
+            .map(|m| self.stalled_at(m).unwrap_or(now + STALL))
+            .min()
+            .unwrap_or(now + STALL)
+            .max(now + Duration::from_millis(1))
+    }
+
+    pub(crate) fn is_stalled(&self, master: usize, now: Instant) -> bool {
+        self.stalled_at(master).is_some_and(|at| at <= now)
     }
 
     /// Sends `packed` (a call of `script`) to each of `to`, replies to `reply` tagged `tag`;
@@ -140,6 +227,10 @@ impl Masters {
 
 struct Worker {
     index: usize,
+    health: Arc<Health>,
+    epoch: Instant,
+    /// Why the last connection attempt failed: what requests fail with until the next one.
+    last_failure: Option<RedisError>,
     connector: Arc<Connector>,
     connection_timeout: Duration,
     response_timeout: Duration,
@@ -153,17 +244,24 @@ impl Worker {
     fn run(mut self, requests: &Receiver<Request>) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         while let Ok(first) = requests.recv() {
-            batch.push(first);
+            // Requests nobody waits for any more are dropped as they are taken, so that what
+            // queued behind a frozen master (an attempt's acquire and release every few ms) is
+            // never more than one batch once it thaws.
+            let now = Instant::now();
+            if first.expires > now {
+                batch.push(first);
+            }
             while batch.len() < MAX_BATCH {
                 match requests.try_recv() {
-                    Ok(request) => batch.push(request),
+                    Ok(request) if request.expires > now => batch.push(request),
+                    Ok(_) => {}
                     Err(_) => break,
                 }
             }
-            let now = Instant::now();
-            batch.retain(|r| r.expires > now);
             if !batch.is_empty() {
+                self.health.busy(self.epoch);
                 self.serve(&mut batch);
+                self.health.idle();
             }
             batch.clear();
         }
@@ -215,6 +313,11 @@ impl Worker {
                 Interrupted::SendAgain
             };
             let (got, failed) = wire::exchange_partial(con, &packed, &ends, on_interrupt);
+            if got.iter().any(|r| matches!(r, Some(Ok(_)))) {
+                self.health.suspect.store(false, Ordering::Relaxed);
+            } else if failed.as_ref().is_some_and(RedisError::is_timeout) {
+                self.health.suspect.store(true, Ordering::Relaxed);
+            }
             let refused: Vec<usize> = todo
                 .iter()
                 .zip(&got)
@@ -282,10 +385,13 @@ impl Worker {
         if self.con.is_none() {
             if let Some(at) = self.retry_at {
                 if Instant::now() < at {
-                    return Err(RedisError::from((
-                        redis::ErrorKind::Io,
-                        "the master could not be reached a moment ago",
-                    )));
+                    // The refusal of a moment ago, as it was.
+                    return Err(self.last_failure.clone().unwrap_or_else(|| {
+                        RedisError::from((
+                            redis::ErrorKind::Io,
+                            "the master could not be reached a moment ago",
+                        ))
+                    }));
                 }
             }
             match self
@@ -295,9 +401,19 @@ impl Worker {
                 Ok(con) => {
                     self.con = Some(con);
                     self.retry_at = None;
+                    self.last_failure = None;
                     self.backoff = FIRST_BACKOFF;
                 }
+                Err(e) if e.is_timeout() => {
+                    // A frozen or cut-off master: the attempt itself took the connection
+                    // timeout, so no pause is added, and requests that come after a thaw are
+                    // not failed with an error of before it.
+                    self.health.suspect.store(true, Ordering::Relaxed);
+                    log::debug!("fencelock: quorum master {} unreachable: {e}", self.index);
+                    return Err(e);
+                }
                 Err(e) => {
+                    self.last_failure = Some(e.clone());
                     self.retry_at = Some(Instant::now() + self.backoff);
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                     log::debug!("fencelock: quorum master {} unreachable: {e}", self.index);

@@ -544,3 +544,129 @@ impl Outcome {
         );
     }
 }
+
+/// What [`pace`] saw: grants per client, the wait of every `try_lock` (granted or not), sorted,
+/// and the calls that failed.
+pub struct Pace {
+    pub grants: Vec<u64>,
+    pub waits: Vec<Duration>,
+    pub errors: u64,
+    /// How many runs this is ([`Pace::merge`]).
+    pub runs: usize,
+}
+
+impl Pace {
+    /// Several runs of one workload as one.
+    pub fn merge(runs: Vec<Pace>) -> Pace {
+        let mut all = Pace {
+            grants: Vec::new(),
+            waits: Vec::new(),
+            errors: 0,
+            runs: 0,
+        };
+        for run in runs {
+            all.grants.resize(all.grants.len().max(run.grants.len()), 0);
+            for (a, g) in all.grants.iter_mut().zip(&run.grants) {
+                *a += g;
+            }
+            all.waits.extend(run.waits);
+            all.errors += run.errors;
+            all.runs += run.runs;
+        }
+        all.waits.sort_unstable();
+        all
+    }
+
+    pub fn total(&self) -> u64 {
+        self.grants.iter().sum()
+    }
+
+    /// The `q` quantile of the waits (0 with none).
+    pub fn wait(&self, q: f64) -> Duration {
+        let last = self.waits.len().saturating_sub(1);
+        let i = ((self.waits.len() as f64 * q) as usize).min(last);
+        self.waits.get(i).copied().unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Pace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} grants {:?}, {} errors, wait p50 {:?} p99 {:?} max {:?}",
+            self.total(),
+            self.grants,
+            self.errors,
+            self.wait(0.5),
+            self.wait(0.99),
+            self.waits.last().copied().unwrap_or_default()
+        )
+    }
+}
+
+/// The contention workload of a quorum's pace: `threads` threads on each client take `keys` in
+/// turn with `try_lock(key, wait)`, hold each grant for half a millisecond and unlock it, for
+/// `run`.
+pub fn pace(
+    clients: &[LockClient],
+    keys: &[&str],
+    threads: usize,
+    wait: Duration,
+    run: Duration,
+) -> Pace {
+    let stop = Arc::new(AtomicBool::new(false));
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let end = Instant::now() + run;
+    let mut handles = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..threads {
+            let (client, stop, waits) = (client.clone(), Arc::clone(&stop), Arc::clone(&waits));
+            let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+            handles.push(thread::spawn(move || {
+                let (mut grants, mut errors) = (0u64, 0u64);
+                let mut i = c * 7 + t;
+                // Bounded by `end` (and `stop`), whatever the calls do.
+                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                    i += 1;
+                    let started = Instant::now();
+                    match client.try_lock(&keys[i % keys.len()], wait) {
+                        Ok(granted) => {
+                            waits
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(started.elapsed());
+                            if let Some(guard) = granted {
+                                grants += 1;
+                                thread::sleep(Duration::from_micros(500));
+                                let _ = guard.unlock();
+                            }
+                        }
+                        Err(_) => {
+                            errors += 1;
+                            thread::sleep(ms(10));
+                        }
+                    }
+                }
+                (c, grants, errors)
+            }));
+        }
+    }
+    thread::sleep(run);
+    stop.store(true, Ordering::Relaxed);
+    let mut pace = Pace {
+        grants: vec![0; clients.len()],
+        waits: Vec::new(),
+        errors: 0,
+        runs: 1,
+    };
+    for handle in handles {
+        let (c, grants, errors) = handle
+            .join()
+            .unwrap_or_else(|_| panic!("a pace thread panicked"));
+        pace.grants[c] += grants;
+        pace.errors += errors;
+    }
+    pace.waits = std::mem::take(&mut *waits.lock().unwrap_or_else(|p| p.into_inner()));
+    pace.waits.sort_unstable();
+    pace
+}
