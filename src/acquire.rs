@@ -194,7 +194,12 @@ impl Locks {
                 // sending: if the reply is lost, leaving must still withdraw.
                 let queue = ticket.attempt(sent);
                 let found = match self.attempt(keys, owner, lease, queue, deadline) {
-                    Ok(found) => found,
+                    // An attempt that got through ends the ride: a later failover is another
+                    // one, with its own patience.
+                    Ok(found) => {
+                        ride = Ride::default();
+                        found
+                    }
                     // A master that stopped answering may be being replaced: the attempt (undone
                     // behind it on its connection) goes again, on the master the deployment
                     // names by then. The same owner id: should the lost attempt have granted

@@ -198,6 +198,12 @@ impl Connector {
         }
     }
 
+    /// Whether a master that stops answering may be replaced by another server (Sentinel,
+    /// Cluster), so that connections to it are worth retiring and the deployment worth asking.
+    pub(crate) fn may_be_replaced(&self) -> bool {
+        self.moves() || self.routes()
+    }
+
     /// Whether keys are spread over several nodes (a cluster), so that calls are routed.
     pub(crate) fn routes(&self) -> bool {
         matches!(self.shape, Shape::Cluster(_))

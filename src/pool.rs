@@ -482,7 +482,11 @@ impl Pool {
             if failed.as_ref().is_some_and(|e| e.is_timeout()) {
                 self.batch_failures.fetch_add(1, Ordering::Relaxed);
             }
-            if let Some(e) = failed.as_ref().filter(|e| broke(e) || e.is_timeout()) {
+            let replaced = self.connector.may_be_replaced();
+            if let Some(e) = failed
+                .as_ref()
+                .filter(|e| broke(e) || (replaced && e.is_timeout()))
+            {
                 self.retire_all(conn.epoch, e);
             }
             let epoch = conn.epoch;
@@ -524,11 +528,15 @@ impl Pool {
             self.unreachable.store(missed, Ordering::Relaxed);
         }
         match &result {
-            // A whole response timeout without a reply: the server stopped answering (frozen,
-            // or cut off), and every pooled connection to it would cost as much again. The
-            // deployment is told, so that a master that is being replaced is looked for anew
-            // (Sentinel, Cluster) before the next connection.
-            Err(e) if e.is_timeout() && !cut => self.retire_all(conn.epoch, e),
+            // A whole response timeout without a reply: the master stopped answering (frozen,
+            // or cut off) and may be being replaced (Sentinel, Cluster); every pooled
+            // connection to it would cost as much again. The deployment is told, so that the
+            // master is looked for anew before the next connection. A single server has no
+            // other to offer: only the connection that timed out goes (below), and a stall
+            // (a fork, a long script) does not cost the others.
+            Err(e) if e.is_timeout() && !cut && self.connector.may_be_replaced() => {
+                self.retire_all(conn.epoch, e)
+            }
             _ => {}
         }
         result.map_err(Error::from_redis)

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use fencelock::{Error, LockClient, Topology};
+use support::cluster::ClusterSet;
 use support::sentinel::{SentinelSet, MASTER_NAME};
 use support::{free_port, ms, RedisServer};
 
@@ -49,6 +50,22 @@ fn a_cluster_url_at_a_server_not_in_cluster_mode_is_rejected_saying_so() {
     );
     let e = client.lock("k").unwrap_err();
     rejected_saying("cluster URL, lock", &e, &["not in cluster mode"]);
+}
+
+/// A plain server among the seeds (a stale entry in a configuration) is passed over when
+/// another seed is a cluster node: only a topology whose every node is plain is refused.
+#[test]
+fn a_plain_server_among_cluster_seeds_is_passed_over() {
+    let plain = RedisServer::start();
+    let cluster = ClusterSet::start(1, 0);
+    let mut seeds = vec![format!("redis://127.0.0.1:{}/", plain.port())];
+    seeds.extend(cluster.seed_urls());
+    let client = build(Topology::cluster(seeds));
+    let guard = client
+        .try_lock("k", ms(5000))
+        .expect("the second seed is a cluster node")
+        .expect("a free key");
+    guard.unlock().unwrap();
 }
 
 #[test]
@@ -119,12 +136,23 @@ fn a_server_that_is_no_redis_is_named_and_told_so() {
     for reply in [&b""[..], &b"HTTP/1.1 400 Bad Request\r\n\r\n"[..]] {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
         let speaker = thread::spawn(move || {
-            // Two connection attempts at most (the client's call, and the test's second one).
-            for _ in 0..2 {
-                let Ok((mut stream, _)) = listener.accept() else {
-                    return;
+            // Two connection attempts at most (the client's call, and the test's second one),
+            // and for 10 s at most: a client that connects less often must not hang the test.
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            let mut served = 0;
+            while served < 2 && std::time::Instant::now() < until {
+                let mut stream = match listener.accept() {
+                    Ok((stream, _)) => stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    Err(_) => return,
                 };
+                served += 1;
+                let _ = stream.set_nonblocking(false);
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
                 let mut buf = [0u8; 512];
                 let _ = stream.read(&mut buf);

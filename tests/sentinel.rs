@@ -471,3 +471,31 @@ fn a_try_lock_on_a_dead_master_that_nothing_replaces_ends_at_its_deadline() {
     // ... and stopped at the deadline: 3 s, plus a connection attempt (1 s), plus slack.
     assert!(took < ms(5500), "took {took:?}: {e}");
 }
+
+/// With the master and every sentinel dead, nothing can name another master: `lock()` gives up
+/// after asking the sentinels once (a connection timeout), not after its failover patience.
+#[test]
+fn a_lock_with_every_sentinel_and_the_master_dead_fails_without_riding() {
+    let mut set = SentinelSet::start(0);
+    let client = client(&set, 4000);
+    client.lock("dead").unwrap().unlock().unwrap();
+    let index = set.master_index();
+    for i in 0..set.sentinel_urls().len() {
+        set.kill_sentinel(i);
+    }
+    set.server_mut(index).kill();
+    for call in ["try_lock", "lock"] {
+        let started = Instant::now();
+        let outcome = match call {
+            "try_lock" => client.try_lock("dead", ms(20_000)).map(|_| ()),
+            _ => client.lock("dead").map(|_| ()),
+        };
+        let took = started.elapsed();
+        let e = outcome.expect_err("granted by a dead master");
+        println!("{call}: {e} after {took:?}");
+        assert!(e.is_connection(), "{call}: {e:?}");
+        // A connection attempt to the dead master, one question to the dead sentinels (1 s
+        // connection timeout each), and slack; riding would take 20 s or 60 s.
+        assert!(took < ms(8_000), "{call} took {took:?}: {e}");
+    }
+}

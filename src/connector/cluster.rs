@@ -306,6 +306,8 @@ impl Cluster {
                 .collect()
         };
         let mut said = Vec::new();
+        let asked = candidates.len();
+        let mut not_cluster = Vec::new();
         for (id, addr, client) in candidates {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -321,12 +323,9 @@ impl Cluster {
                 }
                 Ok(_) => said.push(format!("{addr}: knows no slots")),
                 // A server that is no cluster node ("ERR This instance has cluster support
-                // disabled"): the topology is wrong, which no retry mends.
+                // disabled"). Another node named may still be one (a stale seed).
                 Err(e) if e.to_string().contains("cluster support disabled") => {
-                    drop(turn);
-                    return Err(Error::Rejected(
-                        format!("{addr} {}", crate::error::NOT_A_CLUSTER).into(),
-                    ));
+                    not_cluster.push(addr);
                 }
                 Err(e) => {
                     if let Some(entry) = self.write().nodes.get_mut(id as usize) {
@@ -335,6 +334,16 @@ impl Cluster {
                     said.push(format!("{addr}: {e}"));
                 }
             }
+        }
+        // Every node asked is a plain server: the topology is wrong, which no retry mends.
+        if !not_cluster.is_empty() && not_cluster.len() == asked {
+            drop(turn);
+            return Err(Error::Rejected(
+                format!("{} {}", not_cluster.join(", "), crate::error::NOT_A_CLUSTER).into(),
+            ));
+        }
+        for addr in &not_cluster {
+            said.push(format!("{addr} {}", crate::error::NOT_A_CLUSTER));
         }
         // Nodes cut short by a caller's deadline may only be slow.
         if deadline.is_none_or(|d| d >= started + connection_timeout) {

@@ -175,9 +175,11 @@ impl Sentinel {
     ) -> RedisResult<redis::Connection> {
         let state = &self.state;
         let deadline = Instant::now() + connect_timeout;
+        // Sentinels given less than the connection timeout that do not answer may only be slow.
+        let cut = connect_timeout < state.connection_timeout;
         let mut asked = false;
         loop {
-            let (master, epoch) = state.master(deadline, &mut asked)?;
+            let (master, epoch) = state.master(deadline, cut, &mut asked)?;
             let left = left(deadline);
             let outcome = open(&master.client, left, response_timeout);
             match outcome {
@@ -249,7 +251,10 @@ impl State {
 
     /// The master to connect to, and the epoch it belongs to: the one known, unless it is
     /// suspect or none is, in which case the sentinels are asked (once per call: `asked`).
-    fn master(&self, deadline: Instant, asked: &mut bool) -> RedisResult<(Master, u64)> {
+    /// `cut`: the call has less than the connection timeout (its caller's deadline), so
+    /// sentinels that do not answer in it may only be slow, and [`Sentinel::answered`] is left
+    /// as it was.
+    fn master(&self, deadline: Instant, cut: bool, asked: &mut bool) -> RedisResult<(Master, u64)> {
         let rounds = {
             let current = self.current();
             match &current.master {
@@ -260,7 +265,7 @@ impl State {
             }
         };
         *asked = true;
-        let _turn = self.turn(deadline)?;
+        let (_turn, waited) = self.turn(deadline)?;
         {
             // Another thread asked while this one waited: its answer is as fresh.
             let current = self.current();
@@ -272,9 +277,14 @@ impl State {
         }
         // Sentinels that gave no answer within less than the connection timeout (what a
         // caller's deadline, or the wait for another thread's question, left) may only be slow.
-        let cut = left(deadline) < self.connection_timeout;
-        let named = self.ask(deadline);
-        if named.is_ok() || !cut {
+        // (The deadline itself is never a whole connection timeout away by now: compare what
+        // the call was given, and whether it waited for another thread.)
+        let cut = cut || waited;
+        let (named, every_one_failed) = self.ask(deadline);
+        // Out of reach only when every sentinel failed outright (refused, broke, errored): one
+        // that gave no answer in time, or was still answering an earlier question, may only be
+        // slow, as on a loaded machine.
+        if named.is_ok() || (!cut && every_one_failed) {
             self.answered.store(named.is_ok(), Ordering::Relaxed);
         }
         let named = named?;
@@ -290,11 +300,13 @@ impl State {
 
     /// Waits (no later than `deadline`) until no other thread is asking the sentinels, and
     /// takes the turn; the turn ends when the returned value is dropped.
-    fn turn(&self, deadline: Instant) -> RedisResult<Turn<'_>> {
+    /// Also says whether it had to wait for another thread.
+    fn turn(&self, deadline: Instant) -> RedisResult<(Turn<'_>, bool)> {
         let mut busy = self
             .resolving
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let waited = *busy;
         while *busy {
             let left = left(deadline);
             if left.is_zero() {
@@ -310,7 +322,7 @@ impl State {
                 .0;
         }
         *busy = true;
-        Ok(Turn(self))
+        Ok((Turn(self), waited))
     }
 
     /// Asks every sentinel at once for the master, and takes the answer of the highest
@@ -320,7 +332,9 @@ impl State {
     /// answered, the others get as long again as that took (at least [`MIN_GRACE`]): a frozen
     /// sentinel costs that much, not the whole connection timeout. The sentinel whose answer is
     /// taken moves to the front.
-    fn ask(&self, deadline: Instant) -> RedisResult<Named> {
+    ///
+    /// Also says whether every sentinel failed outright (none was slow or busy).
+    fn ask(&self, deadline: Instant) -> (RedisResult<Named>, bool) {
         let sentinels = self
             .sentinels
             .lock()
@@ -376,6 +390,7 @@ impl State {
             }
             answers[i] = Some(answer);
         }
+        let every_one_failed = answers.iter().all(|a| matches!(a, Some(Err(_))));
         let mut failures = Vec::new();
         let (mut unknown, mut refused, mut handshakes, mut not_sentinels) = (0, 0, 0, 0);
         let mut best: Option<(usize, Named)> = None;
@@ -430,7 +445,7 @@ impl State {
                     order.insert(0, answered);
                 }
             }
-            return Ok(answer);
+            return (Ok(answer), false);
         }
         // Every sentinel answered, and none knows such a master or would let us ask: a set-up
         // error (a misspelt name, a password), which asking again will not fix.
@@ -455,16 +470,20 @@ impl State {
             } else {
                 "no sentinel named the master"
             };
-            return Err(RedisError::from((kind, what, failures.join("; "))));
+            return (
+                Err(RedisError::from((kind, what, failures.join("; ")))),
+                every_one_failed,
+            );
         }
-        Err(RedisError::from(std::io::Error::new(
+        let e = RedisError::from(std::io::Error::new(
             std::io::ErrorKind::NotConnected,
             format!(
                 "no sentinel named the master {:?}: {}",
                 self.name,
                 failures.join("; ")
             ),
-        )))
+        ));
+        (Err(e), every_one_failed)
     }
 
     /// The sentinels (or the watcher) name `host:port` as the master: a new address starts a
