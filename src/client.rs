@@ -118,8 +118,9 @@ impl LockClient {
     /// a [`ReentrantGuard`](crate::ReentrantGuard) of this client. Connection errors, timeouts
     /// and Redis errors end the wait rather than being retried forever: on one server at once;
     /// on Sentinel or Cluster, a master that stops answering is looked for anew and the attempt
-    /// goes again on the master that replaces it, for up to 60 s from the first failure, so
-    /// that `lock` rides a failover (see [`try_lock`](LockClient::try_lock)).
+    /// goes again on the master that replaces it, for up to 60 s from the first failure since
+    /// an attempt last got through, so that `lock` rides a failover (see
+    /// [`try_lock`](LockClient::try_lock)).
     pub fn lock(&self, key: &str) -> Result<LockGuard> {
         self.lock_with(key, &LockOptions::new())
     }
