@@ -135,12 +135,49 @@ fn send_signal(pid: u32, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-/// Signals `child` only if it has not exited (and so has not been reaped) yet.
+/// Signals `child` only if it has not exited (and so has not been reaped) yet. After SIGSTOP it
+/// returns once the process is stopped: kill(2) returns first, and a process running on the
+/// other core runs on for a moment, which a test freezing a server before a request must not
+/// leave to chance.
 fn signal_if_alive(child: &mut process::Child, sig: libc::c_int) -> bool {
-    match child.try_wait() {
+    let sent = match child.try_wait() {
         Ok(None) => send_signal(child.id(), sig),
         _ => false,
+    };
+    if sent && sig == libc::SIGSTOP {
+        await_stopped(child.id());
     }
+    sent
+}
+
+/// Waits (bounded: 5 s) until process `pid` runs no more: stopped (`T` in `/proc/<pid>/stat`), or
+/// dead. Linux only; elsewhere it returns at once.
+fn await_stopped(pid: u32) {
+    #[cfg(target_os = "linux")]
+    {
+        let state = || {
+            let stat =
+                fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+            // "pid (comm) S ...": the state follows the last ')', as comm may hold one.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_string();
+            // Z or X: it died meanwhile, and runs no more either.
+            if matches!(state.as_str(), "T" | "t" | "Z" | "X") {
+                Ok(())
+            } else {
+                Err(format!("state {state}"))
+            }
+        };
+        if let Err(why) = poll_until(Duration::from_secs(5), Duration::from_millis(1), state) {
+            panic!("process {pid} did not stop within 5 s of SIGSTOP: {why}");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = pid;
 }
 
 /// Polls `try_wait` until the child has exited or `timeout` passed.
