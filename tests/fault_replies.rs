@@ -87,6 +87,18 @@ fn an_exhausted_pool_is_reported_after_the_connection_timeout() {
         .build()
         .unwrap();
     client.lock("warm").unwrap().unlock().unwrap(); // the one connection exists
+    let pooled = {
+        let mut con = server.connection();
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+        // The pool's one connection ran the lock's scripts.
+        let id = list
+            .lines()
+            .filter(|l| l.split(' ').any(|f| f == "cmd=evalsha" || f == "cmd=eval"))
+            .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .find_map(|id| id.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no pooled connection in CLIENT LIST:\n{list}"));
+        support::client_port_in_list(&list, id)
+    };
 
     server.pause();
     let (started_tx, started_rx) = mpsc::channel();
@@ -96,7 +108,8 @@ fn an_exhausted_pool_is_reported_after_the_connection_timeout() {
         busy.try_lock("first", Duration::ZERO)
     });
     started_rx.recv_timeout(ms(5_000)).unwrap();
-    thread::sleep(ms(300)); // the first thread holds the connection, waiting for Redis
+    // The first thread holds the connection, waiting for Redis: its request is in the socket.
+    support::await_unread_bytes(server.port(), pooled, ms(30_000));
 
     let started = Instant::now();
     let other = client.clone();

@@ -330,7 +330,8 @@ fn a_long_wait_ends_in_a_confirmed_lease() {
         thread::sleep(ms(600));
         (held_at_once, got.is_held(), got.unlock())
     });
-    thread::sleep(ms(800));
+    // The waiter waits in Redis' queue: the lock is handed to it.
+    await_queue_len(&mut server.connection(), "long", 1);
     guard.unlock().unwrap();
     let (at_once, later, unlocked) = t.join().unwrap();
     assert!(at_once, "the handed-over guard was not held");
