@@ -197,7 +197,8 @@ fn a_waiter_behind_a_local_holder_whose_lease_ran_out_is_not_stranded() {
             granted
         })
     };
-    thread::sleep(ms(100));
+    // The holder waits in Redis' queue first.
+    support::await_queue_len(&mut server.connection(), "relay", 1);
     let waiter = {
         let client = client.clone();
         thread::spawn(move || {
