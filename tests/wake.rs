@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{command_calls, lock_client, ms, RedisServer};
+use support::{await_queue_len, command_calls, lock_client, ms, RedisServer};
 
 #[test]
 fn a_waiter_in_another_client_wakes_soon_after_a_release() {
@@ -23,7 +23,7 @@ fn a_waiter_in_another_client_wakes_soon_after_a_release() {
             tx.send(Instant::now()).unwrap();
             got.unlock().unwrap();
         });
-        thread::sleep(ms(200));
+        await_queue_len(&mut server.connection(), "handoff", 1);
         let released = Instant::now();
         guard.unlock().unwrap();
         let granted = rx
@@ -113,7 +113,7 @@ fn a_release_publishes_only_when_someone_waits() {
         tx.send(()).unwrap();
         got.unlock().unwrap();
     });
-    thread::sleep(ms(200));
+    await_queue_len(&mut server.connection(), "quiet", 1);
     held.unlock().unwrap();
     rx.recv_timeout(Duration::from_secs(5))
         .expect("the waiter was not woken");
