@@ -1059,6 +1059,64 @@ pub fn await_unread_bytes(server_port: u16, client_port: u16, limit: Duration) {
     }
 }
 
+/// The calling thread's kernel thread id, for [`await_parked`].
+#[cfg(target_os = "linux")]
+pub fn own_tid() -> i32 {
+    // SAFETY: gettid(2) takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// The calling thread's kernel thread id, for [`await_parked`] (0 where it is not read).
+#[cfg(not(target_os = "linux"))]
+pub fn own_tid() -> i32 {
+    0
+}
+
+/// Waits (at most `limit`) until thread `tid` of this process sleeps on a futex: a condition
+/// variable or a channel, as a lock call parked in its client's own queue behind another thread
+/// does. Seen twice, 2 ms apart, so that a moment's wait for a mutex on the way does not count.
+/// This is the condition itself: how long a thread takes to get there varies with the load.
+///
+/// Linux only (`/proc/self/task/<tid>/wchan`); elsewhere it waits a fixed 100 ms.
+pub fn await_parked(tid: i32, limit: Duration) {
+    #[cfg(target_os = "linux")]
+    {
+        let parked = || {
+            let dir = format!("/proc/self/task/{tid}");
+            let stat = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            let wchan = fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
+            (
+                state == Some("S") && wchan.contains("futex"),
+                format!("{state:?} {wchan}"),
+            )
+        };
+        let mut seen = 0;
+        let waited = poll_until(limit, Duration::from_millis(2), || match parked() {
+            (true, _) if seen >= 1 => Ok(()),
+            (true, what) => {
+                seen += 1;
+                Err(what)
+            }
+            (false, what) => {
+                seen = 0;
+                Err(what)
+            }
+        });
+        if let Err(last) = waited {
+            panic!("thread {tid} never parked within {limit:?}: last seen {last}");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = tid;
+        thread::sleep(Duration::from_millis(100).min(limit));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Child processes (lock holders in another process)
 // ---------------------------------------------------------------------------
