@@ -118,3 +118,4 @@ seeds=$(for port in $(seq "$base" $((base + 2))); do printf '127.0.0.1:%s,' "$po
 echo "FENCELOCK_URL=redis+cluster://${seeds%,}"
 echo "FENCELOCK_STOP=$dir/stop"
 echo "Cluster is up in $dir: nodes on $(echo $ports)" >&2
+echo "Try it: REDIS_URL=\"\$FENCELOCK_URL\" cargo run --example quickstart; stop it: \"\$FENCELOCK_STOP\"" >&2

@@ -129,3 +129,4 @@ echo "FENCELOCK_URL=redis+sentinel://${hosts%,}/mymaster"
 echo "FENCELOCK_STOP=$dir/stop"
 echo "Sentinel is up in $dir: master 127.0.0.1:$master, replicas on $replicas, sentinels on $sentinels" >&2
 echo "Try a failover: $cli -p $((base + 10)) sentinel failover mymaster" >&2
+echo "Try it: REDIS_URL=\"\$FENCELOCK_URL\" cargo run --example quickstart; stop it: \"\$FENCELOCK_STOP\"" >&2
