@@ -82,7 +82,7 @@ for port in $ports; do
     if [ "$replicas" -gt 0 ]; then extra=(--min-replicas-to-write 1 --min-replicas-max-lag 5); fi
     "$server" --port "$port" --bind 127.0.0.1 --dir "$dir/$port" \
         --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-        --appendonly yes --save '' "${extra[@]}" \
+        --appendonly yes --save '' ${extra[@]+"${extra[@]}"} \
         --daemonize yes --pidfile "$dir/$port/pid" --logfile "$dir/$port/log"
 done
 for port in $ports; do
