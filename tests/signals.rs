@@ -42,17 +42,22 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The thread id of this process's thread named `name` (as the kernel truncates it).
+/// The thread id of this process's thread named `name` (as the kernel truncates it), once it
+/// runs (bounded: 10 s; a thread just spawned names itself when it is first scheduled).
 fn thread_tid(name: &str) -> libc::pid_t {
-    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
-    for task in tasks {
-        let path = task.unwrap().path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if comm.trim() == name {
-            return path.file_name().unwrap().to_str().unwrap().parse().unwrap();
+    let found = support::poll_until(Duration::from_secs(10), ms(5), || {
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let path = task.path();
+            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            if comm.trim() == name {
+                if let Some(tid) = path.file_name().and_then(|f| f.to_str()?.parse().ok()) {
+                    return Ok(tid);
+                }
+            }
         }
-    }
-    panic!("no thread named {name:?}");
+        Err(format!("no thread named {name:?}"))
+    });
+    found.unwrap_or_else(|why| panic!("{why}"))
 }
 
 /// Sends SIGUSR1 to thread `tid` of this process every `every` until `stop`, for at most
