@@ -195,11 +195,25 @@ fn a_slot_migrated_under_load_through_the_split_window() {
     // The split window: k0's fence key is on the target, its lock key on the source. A call
     // that touches both is refused with TRYAGAIN until the rest follows.
     set.migrate_key(slot, &fence_key("k0"));
-    thread::sleep(ms(300));
+    let (src, dst) = (set.index_of_port(source), set.index_of_port(target));
+    let tryagain_before = errors_given(&set, src, "TRYAGAIN") + errors_given(&set, dst, "TRYAGAIN");
+    support::poll_until(Duration::from_secs(20), ms(20), || {
+        match errors_given(&set, src, "TRYAGAIN") + errors_given(&set, dst, "TRYAGAIN") {
+            n if n > tryagain_before => Ok(()),
+            n => Err(format!("TRYAGAIN given {n} times")),
+        }
+    })
+    .unwrap_or_else(|why| panic!("no call met the split window: {why}"));
     set.migrate_rest(slot);
     // Every key of the slot is on the target, the slot not yet handed over: ASK.
     let before = workload.grants();
-    thread::sleep(ms(300));
+    support::poll_until(Duration::from_secs(20), ms(20), || {
+        match errors_given(&set, src, "ASK") {
+            0 => Err("no ASK given".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .unwrap_or_else(|why| panic!("no call was asked over: {why}"));
     set.finish_migration(slot);
     workload.await_grants(&before, 20, Duration::from_secs(20));
     assert_eq!(set.master_of_slot(slot), target);
@@ -254,7 +268,19 @@ fn a_seed_down_at_build_and_a_cluster_that_is_down() {
     assert!(err.is_connection(), "{err}");
     assert!(took < ms(2500), "took {took:?}: {err}");
     // Once the other masters have seen it fail, they say the cluster is down.
-    thread::sleep(ms(5000));
+    let live = set.live_nodes()[0];
+    support::poll_until(Duration::from_secs(30), ms(50), || {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut set.connection(live))
+            .map_err(|e| e.to_string())?;
+        if info.contains("cluster_state:fail") {
+            Ok(())
+        } else {
+            Err("cluster_state not fail".to_string())
+        }
+    })
+    .unwrap_or_else(|why| panic!("the live masters never said the cluster is down: {why}"));
     let started = Instant::now();
     let err = client.try_lock("b", ms(800)).unwrap_err();
     assert!(err.is_connection(), "{err}");
@@ -327,9 +353,20 @@ fn a_waiter_is_woken_and_resubscribes_when_the_node_of_its_classic_subscription_
     };
     // The waiter attempted, found the lock held, and waits for its wake-up; without one it
     // would attempt again 5 s after that attempt (the longest a waiter trusts a holder's lease).
-    thread::sleep(ms(200));
+    let key_master = set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&lock_key(&key))));
+    support::poll_until(Duration::from_secs(10), ms(10), || {
+        let queued: u64 = redis::cmd("LLEN")
+            .arg(format!("{NAMESPACE}:queue:{{{key}}}"))
+            .query(&mut set.connection(key_master))
+            .map_err(|e| e.to_string())?;
+        if queued == 1 {
+            Ok(())
+        } else {
+            Err(format!("{queued} queued"))
+        }
+    })
+    .unwrap_or_else(|why| panic!("the waiter never queued: {why}"));
     set.pause(sub);
-    thread::sleep(ms(100));
     let released = Instant::now();
     let first = guard.token();
     guard.unlock().unwrap();

@@ -38,18 +38,38 @@ fn client_id_with_cmd(set: &ClusterSet, i: usize, cmd: &str) -> u64 {
     ids[0]
 }
 
-/// How long a writer thread is given to put its command in a frozen node's socket before the
-/// kill is queued behind it: on a busy machine 300 ms was once not enough (the kill went first).
-const TO_THE_SOCKET: Duration = Duration::from_millis(1000);
+/// Bound on a writer thread putting its request in a frozen node's socket (it takes
+/// milliseconds; a loaded machine once took more than a second).
+const TO_THE_SOCKET: Duration = Duration::from_secs(30);
 
-/// Writes `CLIENT KILL ID <id>` on `con` without reading the reply (its node may be frozen).
-fn send_kill(con: &mut redis::Connection, id: u64) {
+/// On the frozen server at `server_port`: waits until the request of connection `id` (client
+/// end `victim_port`) is in the server's socket, then writes `CLIENT KILL ID <id>` on `con`
+/// (client end `own_port`, read before the freeze) without reading the reply, and waits until
+/// that is in the server's socket too. On SIGCONT the server runs the request, then the kill,
+/// before the request's reply goes out.
+fn kill_behind_request(
+    (con, own_port): (&mut redis::Connection, u16),
+    server_port: u16,
+    id: u64,
+    victim_port: u16,
+) {
+    support::await_unread_bytes(server_port, victim_port, TO_THE_SOCKET);
     let packed = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("ID")
         .arg(id)
         .get_packed_command();
     con.send_packed_command(&packed).unwrap();
+    support::await_unread_bytes(server_port, own_port, TO_THE_SOCKET);
+}
+
+/// The client end (port) of connection `id` on node `i`.
+fn client_port_on(set: &ClusterSet, i: usize, id: u64) -> u16 {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut set.connection(i))
+        .unwrap();
+    support::client_port_in_list(&list, id)
 }
 
 /// A fenced write is never sent twice ("an increment must not be applied twice"): on a cluster,
@@ -94,16 +114,21 @@ fn a_fenced_increment_whose_reply_was_lost_is_not_applied_twice() {
             "{NAMESPACE}:data:{{{resource}}}"
         ))));
         let id = client_id_with_cmd(&set, master, "evalsha");
+        let victim_port = client_port_on(&set, master, id);
         let mut killer = set.connection(master);
+        let killer_port = support::own_client_port(&mut killer);
         set.pause(master);
         let writer = {
             let store = store.clone();
             let resource = resource.clone();
             thread::spawn(move || store.incr_by(&resource, token, 1))
         };
-        thread::sleep(TO_THE_SOCKET);
-        send_kill(&mut killer, id);
-        thread::sleep(ms(100));
+        kill_behind_request(
+            (&mut killer, killer_port),
+            set.port_of(master),
+            id,
+            victim_port,
+        );
         set.resume(master);
         let result = writer.join().unwrap();
         let stored = store.get_i64(&resource).unwrap();
@@ -144,14 +169,14 @@ fn control_on_one_server_a_lost_increment_reply_is_an_error_applied_once() {
         .unwrap()
         .parse()
         .unwrap();
+    let victim_port = support::client_port_in_list(&list, id);
+    let probe_port = support::own_client_port(&mut probe);
     server.pause();
     let writer = {
         let store = store.clone();
         thread::spawn(move || store.incr_by("c", token, 1))
     };
-    thread::sleep(TO_THE_SOCKET);
-    send_kill(&mut probe, id);
-    thread::sleep(ms(100));
+    kill_behind_request((&mut probe, probe_port), server.port(), id, victim_port);
     server.resume();
     let result = writer.join().unwrap();
     let stored = store.get_i64("c").unwrap();
@@ -266,6 +291,8 @@ fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
         .filter(|id| !before.contains(id))
         .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
+    let victim_port = client_port_on(&set, master, ids[0]);
+    let probe_port = support::own_client_port(&mut probe);
     let stats = |con: &mut redis::Connection| -> String {
         let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
         info.lines().filter(|l| l.contains("evalsha")).collect()
@@ -299,9 +326,12 @@ fn a_forced_release_whose_reply_was_lost_does_not_run_twice() {
             r
         })
     };
-    thread::sleep(TO_THE_SOCKET);
-    send_kill(&mut probe, ids[0]);
-    thread::sleep(ms(100));
+    kill_behind_request(
+        (&mut probe, probe_port),
+        set.port_of(master),
+        ids[0],
+        victim_port,
+    );
     set.resume(master);
     println!("force_unlock returned {:?}", forced.join().unwrap());
     println!("CLIENT KILL: {:?}", probe.recv_response());

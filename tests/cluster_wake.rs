@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fencelock::LockClient;
 use support::cluster::ClusterSet;
 use support::wake::{
-    all_channels, await_subscription_of, client, lock_key, subscribed_on, UNHEARD,
+    all_channels, await_queued, await_subscription_of, client, lock_key, subscribed_on, UNHEARD,
 };
 use support::{command_calls, ms, poll_until};
 
@@ -68,8 +68,7 @@ fn a_handoff_between_clients_is_published_in_the_keys_shard_only() {
             // The first wait subscribes; later ones find the subscription standing.
             await_subscription(&set, key, master, Duration::from_secs(5));
         } else {
-            // Long enough for the waiter to be refused and queued.
-            thread::sleep(ms(100));
+            await_queued(&set, key, 1, Duration::from_secs(10));
         }
         let first = guard.token();
         let released = Instant::now();

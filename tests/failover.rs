@@ -45,6 +45,35 @@ impl Pair {
         pair
     }
 
+    /// Until the master has heard the replica acknowledge everything the master has (what a
+    /// client's `WAIT` waits for), seen in `INFO replication`.
+    fn await_acked(&self) {
+        let mut con = self.master.connection();
+        let acked = support::poll_until(Duration::from_secs(10), ms(10), || {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut con)
+                .map_err(|e| e.to_string())?;
+            let master = info
+                .lines()
+                .find_map(|l| l.strip_prefix("master_repl_offset:"))
+                .and_then(|v| v.trim().parse::<i64>().ok());
+            // "slave0:ip=127.0.0.1,port=...,state=online,offset=N,lag=0"
+            let replica = info
+                .lines()
+                .find_map(|l| l.strip_prefix("slave0:"))
+                .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("offset=")))
+                .and_then(|v| v.trim().parse::<i64>().ok());
+            match (master, replica) {
+                (Some(master), Some(replica)) if replica >= master => Ok(()),
+                other => Err(format!("offsets (master, replica acked): {other:?}")),
+            }
+        });
+        if let Err(why) = acked {
+            panic!("the replica never acknowledged the master's writes: {why}");
+        }
+    }
+
     /// Until the replica acknowledges everything the master has.
     fn await_replicated(&self) {
         let mut con = self.master.connection();
@@ -238,7 +267,8 @@ fn with_replica_acks_an_unreplicated_handoff_is_never_reported_held() {
     });
     rx.recv().unwrap();
     // Let the waiter queue (its refused attempt is acknowledged), then cut the link.
-    thread::sleep(ms(1_000));
+    support::await_queue_len(&mut pair.master.connection(), "handed", 1);
+    pair.await_acked();
     pair.link.set_mode(Mode::Blackhole);
     guard.unlock().unwrap();
     let outcome = t.join().unwrap();
@@ -331,9 +361,17 @@ fn with_replica_acks_an_extend_near_its_deadline_is_not_replicated_not_timed_out
         .min_replica_acks(1, ms(800))
         .build()
         .unwrap();
-    let guard = client
-        .lock_with("near", &LockOptions::new().renew(false))
-        .unwrap();
+    // Granted once the replica acknowledged it: a busy machine may miss the 800 ms for that
+    // (the grant is then refused as not replicated), so on a fresh key until one is.
+    let guard = (0..10)
+        .find_map(|n| {
+            match client.lock_with(&format!("near-{n}"), &LockOptions::new().renew(false)) {
+                Ok(guard) => Some(guard),
+                Err(e) if e.is_not_replicated() => None,
+                Err(e) => panic!("{e:?}"),
+            }
+        })
+        .expect("no replicated grant in 10 tries with the link up");
     pair.link.set_mode(Mode::Blackhole);
     thread::sleep(ms(1000));
     let err = guard.extend(ms(1500)).unwrap_err();
@@ -348,7 +386,9 @@ fn with_replica_acks_a_refused_wait_does_not_lose_the_lock() {
     let client = LockClient::builder(pair.master.url())
         .namespace(support::NAMESPACE)
         .lease(ms(30_000))
-        .min_replica_acks(1, ms(200))
+        // With the link up, the grant's acknowledgement may take a while on a busy machine; the
+        // refused WAIT below is answered at once.
+        .min_replica_acks(1, ms(1_000))
         .build()
         .unwrap();
     let guard = client.lock("refused").unwrap();

@@ -37,28 +37,37 @@ fn a_stale_handoff_wakes_the_clients_next_waiter() {
     let mut con = server.connection();
 
     let held = x.lock(KEY).unwrap();
+    // Each waiter's thread id comes first, for await_parked.
     let waiter = |timeout: Duration| {
         let a = a.clone();
-        thread::spawn(move || {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let t = thread::spawn(move || {
+            tid_tx.send(support::own_tid()).unwrap();
             let got = a.try_lock(KEY, timeout).map(|g| g.map(|g| g.token()));
             (got, Instant::now())
-        })
+        });
+        (t, tid_rx.recv().unwrap())
     };
-    let first = waiter(Duration::from_secs(12));
+    let (first, _) = waiter(Duration::from_secs(12));
     await_queue_len(&mut con, KEY, 1);
-    let second = waiter(Duration::from_secs(14));
+    let (second, second_tid) = waiter(Duration::from_secs(14));
     // The second waits in A's local queue behind the first.
-    thread::sleep(ms(300));
+    support::await_parked(second_tid, Duration::from_secs(10));
 
     // Hold back A's connections (its pub/sub one included) while X hands the lock to the first
     // waiter and that 200 ms grant runs out unheard of.
     proxy.set_mode(Mode::HoldExisting(ms(30_000)));
     held.unlock().unwrap();
-    thread::sleep(ms(500));
-    assert!(
-        !lock_exists(&mut con, KEY),
-        "the handed grant should have run out by now"
-    );
+    // The handed grant (200 ms) runs out in Redis, unheard of by A.
+    if let Err(why) = support::poll_until(Duration::from_secs(10), ms(10), || {
+        if lock_exists(&mut con, KEY) {
+            Err("the key is still held".to_string())
+        } else {
+            Ok(())
+        }
+    }) {
+        panic!("the handed grant never ran out: {why}");
+    }
     let released = Instant::now();
     proxy.release_held();
 

@@ -48,7 +48,21 @@ fn owner_ids_stay_out_of_logs_and_debug_output() {
         .unwrap();
     assert!(lost.lost().recv_timeout(ms(1_000)).is_ok());
     assert!(lost.unlock().unwrap_err().is_lock_lost());
-    std::thread::sleep(Duration::from_millis(50));
+    // The renewal thread logs the loss around the time it signals it.
+    let logged = support::poll_until(Duration::from_secs(10), Duration::from_millis(5), || {
+        let records = support::log_records();
+        if records
+            .iter()
+            .any(|(l, m)| *l == Level::Warn && m.contains("lost"))
+        {
+            Ok(())
+        } else {
+            Err(format!("{records:#?}"))
+        }
+    });
+    if let Err(records) = logged {
+        panic!("no warning of the loss was logged: {records}");
+    }
 
     let records = support::log_records();
     let at = |level: Level, needle: &str| {

@@ -53,7 +53,7 @@ fn the_same_client_recovers_after_a_restart() {
         tx.send(Instant::now()).unwrap();
         got.unlock().unwrap();
     });
-    thread::sleep(ms(200));
+    support::await_queue_len(&mut server.connection(), "handoff", 1);
     let released = Instant::now();
     held.unlock().unwrap();
     let granted = rx

@@ -150,7 +150,14 @@ fn a_busy_server_is_not_a_rejected_set_up() {
             .arg(0)
             .query::<()>(&mut busy);
     });
-    thread::sleep(ms(200));
+    // Busy once the script has run past the threshold: other callers are answered BUSY.
+    support::poll_until(Duration::from_secs(10), ms(10), || {
+        match redis::cmd("PING").query::<String>(&mut admin) {
+            Err(e) if e.code() == Some("BUSY") => Ok(()),
+            other => Err(format!("PING: {other:?}")),
+        }
+    })
+    .unwrap_or_else(|why| panic!("the script never made the server busy: {why}"));
     let mut seen = Vec::new();
     for url in [
         format!("redis://127.0.0.1:{}/", server.port()),
@@ -179,7 +186,16 @@ fn try_lock_holds_its_deadline_when_redis_freezes_while_it_waits() {
     let started = Instant::now();
     let result = thread::scope(|s| {
         let waiting = s.spawn(|| waiter.try_lock("k", ms(300)));
-        thread::sleep(ms(150));
+        // Frozen once the waiter stands in the queue (unless a starved test thread missed
+        // that, and the wait is over).
+        let mut con = server.connection();
+        let _ = support::poll_until(Duration::from_secs(10), ms(2), || {
+            if support::queue_len(&mut con, "k") == 1 || waiting.is_finished() {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        });
         server.pause();
         waiting.join().unwrap()
     });

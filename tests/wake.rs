@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{command_calls, lock_client, ms, RedisServer};
+use support::{await_queue_len, command_calls, lock_client, ms, RedisServer};
 
 #[test]
 fn a_waiter_in_another_client_wakes_soon_after_a_release() {
@@ -23,7 +23,7 @@ fn a_waiter_in_another_client_wakes_soon_after_a_release() {
             tx.send(Instant::now()).unwrap();
             got.unlock().unwrap();
         });
-        thread::sleep(ms(200));
+        await_queue_len(&mut server.connection(), "handoff", 1);
         let released = Instant::now();
         guard.unlock().unwrap();
         let granted = rx
@@ -45,23 +45,29 @@ fn one_release_wakes_one_waiter_and_local_waiters_are_served_in_order() {
     let waiters = lock_client(&server, 30_000);
     let guard = holder.lock("queue").unwrap();
     let (tx, rx) = mpsc::channel();
+    let mut con = server.connection();
     let threads: Vec<_> = (0..8)
         .map(|i| {
             let client = waiters.clone();
             let tx = tx.clone();
+            let (tid_tx, tid_rx) = mpsc::channel();
             let t = thread::spawn(move || {
+                tid_tx.send(support::own_tid()).unwrap();
                 let got = client.lock("queue").unwrap();
                 tx.send(i).unwrap();
                 thread::sleep(ms(100));
                 got.unlock().unwrap();
             });
-            // Join the queue in a known order.
-            thread::sleep(ms(30));
+            // Join the queue in a known order: the first in Redis' queue, each next one parked
+            // behind it in the client's own before the next starts.
+            let tid = tid_rx.recv().unwrap();
+            if i == 0 {
+                support::await_queue_len(&mut con, "queue", 1);
+            }
+            support::await_parked(tid, Duration::from_secs(10));
             t
         })
         .collect();
-    thread::sleep(ms(200));
-    let mut con = server.connection();
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut con)
@@ -113,7 +119,7 @@ fn a_release_publishes_only_when_someone_waits() {
         tx.send(()).unwrap();
         got.unlock().unwrap();
     });
-    thread::sleep(ms(200));
+    await_queue_len(&mut server.connection(), "quiet", 1);
     held.unlock().unwrap();
     rx.recv_timeout(Duration::from_secs(5))
         .expect("the waiter was not woken");

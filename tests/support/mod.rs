@@ -135,12 +135,49 @@ fn send_signal(pid: u32, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-/// Signals `child` only if it has not exited (and so has not been reaped) yet.
+/// Signals `child` only if it has not exited (and so has not been reaped) yet. After SIGSTOP it
+/// returns once the process is stopped: kill(2) returns first, and a process running on the
+/// other core runs on for a moment, which a test freezing a server before a request must not
+/// leave to chance.
 fn signal_if_alive(child: &mut process::Child, sig: libc::c_int) -> bool {
-    match child.try_wait() {
+    let sent = match child.try_wait() {
         Ok(None) => send_signal(child.id(), sig),
         _ => false,
+    };
+    if sent && sig == libc::SIGSTOP {
+        await_stopped(child.id());
     }
+    sent
+}
+
+/// Waits (bounded: 5 s) until process `pid` runs no more: stopped (`T` in `/proc/<pid>/stat`), or
+/// dead. Linux only; elsewhere it returns at once.
+fn await_stopped(pid: u32) {
+    #[cfg(target_os = "linux")]
+    {
+        let state = || {
+            let stat =
+                fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+            // "pid (comm) S ...": the state follows the last ')', as comm may hold one.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_string();
+            // Z or X: it died meanwhile, and runs no more either.
+            if matches!(state.as_str(), "T" | "t" | "Z" | "X") {
+                Ok(())
+            } else {
+                Err(format!("state {state}"))
+            }
+        };
+        if let Err(why) = poll_until(Duration::from_secs(5), Duration::from_millis(1), state) {
+            panic!("process {pid} did not stop within 5 s of SIGSTOP: {why}");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = pid;
 }
 
 /// Polls `try_wait` until the child has exited or `timeout` passed.
@@ -932,6 +969,152 @@ pub fn command_calls(con: &mut redis::Connection, command: &str) -> u64 {
                 .unwrap_or_else(|e| panic!("cmdstat_{command} calls={calls:?}: {e}"))
         })
         .unwrap_or(0)
+}
+
+/// The `addr=` port of the connection with id `id` in a `CLIENT LIST` reply: the client's end
+/// of that connection, to find its socket with [`await_unread_bytes`].
+pub fn client_port_in_list(list: &str, id: u64) -> u16 {
+    let id_field = format!("id={id}");
+    list.lines()
+        .find(|l| l.split(' ').any(|f| f == id_field))
+        .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("addr=")))
+        .and_then(|addr| addr.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no addr for client id {id} in CLIENT LIST:\n{list}"))
+}
+
+/// The client's end (its local port) of the test's own connection `con`, from `CLIENT INFO`.
+pub fn own_client_port(con: &mut redis::Connection) -> u16 {
+    let info: String = redis::cmd("CLIENT")
+        .arg("INFO")
+        .query(con)
+        .unwrap_or_else(|e| panic!("CLIENT INFO: {e}"));
+    info.split_whitespace()
+        .find_map(|f| f.strip_prefix("addr="))
+        .and_then(|addr| addr.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no addr in CLIENT INFO: {info}"))
+}
+
+/// Bytes that the server listening on `server_port` has not read yet from the connection whose
+/// client end is `client_port`, from the kernel's socket table (`/proc/net/tcp`, `tcp6`); `None`
+/// while no such connection is listed.
+#[cfg(target_os = "linux")]
+pub fn unread_bytes(server_port: u16, client_port: u16) -> Option<u64> {
+    // Each row: "sl local_address rem_address st tx_queue:rx_queue ...", addresses as
+    // HEXIP:HEXPORT. The server's end has the server's port as local and the client's as remote.
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| fs::read_to_string(path).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|row| {
+                    let f: Vec<&str> = row.split_whitespace().collect();
+                    let (local, remote, queues) = (f.get(1)?, f.get(2)?, f.get(4)?);
+                    if port_of(local)? != server_port || port_of(remote)? != client_port {
+                        return None;
+                    }
+                    u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+                })
+                .collect::<Vec<_>>()
+        })
+        .next()
+}
+
+/// Waits (at most `limit`) until the server listening on `server_port`, frozen by SIGSTOP, holds
+/// unread bytes from the connection whose client end is `client_port`: a request sent on it is
+/// then in the server's socket, and on SIGCONT the server reads it before anything sent on
+/// another connection after this returned. This is the condition itself: how long a thread
+/// takes to get its request out varies with the machine's load.
+///
+/// Linux only (the kernel's socket table); elsewhere it waits a fixed second, which a loaded
+/// machine can exceed.
+pub fn await_unread_bytes(server_port: u16, client_port: u16, limit: Duration) {
+    #[cfg(target_os = "linux")]
+    {
+        let waited = poll_until(limit, Duration::from_millis(2), || {
+            match unread_bytes(server_port, client_port) {
+                Some(n) if n > 0 => Ok(n),
+                other => Err(format!("unread bytes {other:?}")),
+            }
+        });
+        if let Err(last) = waited {
+            panic!(
+                "the server on port {server_port} never held unread bytes from client port \
+                 {client_port} within {limit:?}: {last}"
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (server_port, client_port);
+        thread::sleep(Duration::from_secs(1).min(limit));
+    }
+}
+
+/// The calling thread's kernel thread id, for [`await_parked`].
+#[cfg(target_os = "linux")]
+pub fn own_tid() -> i32 {
+    // SAFETY: gettid(2) takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// The calling thread's kernel thread id, for [`await_parked`] (0 where it is not read).
+#[cfg(not(target_os = "linux"))]
+pub fn own_tid() -> i32 {
+    0
+}
+
+/// Waits (at most `limit`) until thread `tid` of this process sleeps on a futex: a condition
+/// variable or a channel, as a lock call parked in its client's own queue behind another thread
+/// does. Seen twice, 2 ms apart, so that a moment's wait for a mutex on the way does not count.
+/// This is the condition itself: how long a thread takes to get there varies with the load.
+///
+/// Linux only (`/proc/self/task/<tid>/wchan`); elsewhere it waits a fixed 100 ms.
+pub fn await_parked(tid: i32, limit: Duration) {
+    #[cfg(target_os = "linux")]
+    {
+        let parked = || {
+            let dir = format!("/proc/self/task/{tid}");
+            let stat = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            let wchan = fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
+            (
+                state == Some("S") && wchan.contains("futex"),
+                format!("{state:?} {wchan}"),
+            )
+        };
+        let mut seen = 0;
+        let waited = poll_until(limit, Duration::from_millis(2), || match parked() {
+            (true, _) if seen >= 1 => Ok(()),
+            (true, what) => {
+                seen += 1;
+                Err(what)
+            }
+            (false, what) => {
+                seen = 0;
+                Err(what)
+            }
+        });
+        if let Err(last) = waited {
+            panic!("thread {tid} never parked within {limit:?}: last seen {last}");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = tid;
+        thread::sleep(Duration::from_millis(100).min(limit));
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -69,3 +69,23 @@ pub fn await_subscription_of(set: &ClusterSet, key: &str, port: u16, within: Dur
         panic!("no subscription for {key:?} on {port} within {within:?}: {channels}");
     }
 }
+
+/// Waits until `n` waiters stand in `key`'s queue on its master (they attempted, were refused,
+/// and wait for a wake-up).
+pub fn await_queued(set: &ClusterSet, key: &str, n: u64, within: Duration) {
+    let master = set.index_of_port(set.master_of_slot(ClusterSet::slot_of(&lock_key(key))));
+    let found = poll_until(within, ms(5), || {
+        let queued: u64 = redis::cmd("LLEN")
+            .arg(format!("{NAMESPACE}:queue:{{{key}}}"))
+            .query(&mut set.connection(master))
+            .map_err(|e| e.to_string())?;
+        if queued == n {
+            Ok(())
+        } else {
+            Err(format!("{queued} queued"))
+        }
+    });
+    if let Err(why) = found {
+        panic!("{key:?}'s queue never held {n} waiter(s) within {within:?}: {why}");
+    }
+}
