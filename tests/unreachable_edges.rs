@@ -174,6 +174,17 @@ fn a_busy_server_is_not_a_rejected_set_up() {
     assert!(rejected.is_empty(), "BUSY reported as rejected: {seen:#?}");
 }
 
+/// Whether thread `tid` sleeps on a futex (Linux; elsewhere assumed).
+fn parked(tid: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    return support::parked_now(tid).0;
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = tid;
+        true
+    }
+}
+
 /// try_lock(k, 300 ms) on a key held elsewhere: it attempts (Redis answers), waits in the queue,
 /// and Redis freezes meanwhile. Leaving Redis' queue at the deadline waits for Redis at most a
 /// moment, then leaves it to the background thread: the deadline holds.
@@ -184,13 +195,24 @@ fn try_lock_holds_its_deadline_when_redis_freezes_while_it_waits() {
     let _held = holder.lock("k").unwrap();
     let waiter = client(&server.url(), 4, Duration::from_secs(5));
     let started = Instant::now();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let result = thread::scope(|s| {
-        let waiting = s.spawn(|| waiter.try_lock("k", ms(300)));
-        // Frozen once the waiter stands in the queue (unless a starved test thread missed
-        // that, and the wait is over).
+        let waiting = s.spawn(|| {
+            tid_tx.send(support::own_tid()).unwrap();
+            waiter.try_lock("k", ms(300))
+        });
+        let tid = tid_rx.recv().unwrap();
+        // Frozen once the waiter stands in the queue and waits there, parked (seen twice in a
+        // row), unless a starved test thread missed that and the wait is over.
         let mut con = server.connection();
+        let mut seen = 0;
         let _ = support::poll_until(Duration::from_secs(10), ms(2), || {
-            if support::queue_len(&mut con, "k") == 1 || waiting.is_finished() {
+            if waiting.is_finished() {
+                return Ok(());
+            }
+            let waits = support::queue_len(&mut con, "k") == 1 && parked(tid);
+            seen = if waits { seen + 1 } else { 0 };
+            if seen >= 2 {
                 Ok(())
             } else {
                 Err(String::new())

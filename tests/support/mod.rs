@@ -1059,6 +1059,23 @@ pub fn await_unread_bytes(server_port: u16, client_port: u16, limit: Duration) {
     }
 }
 
+/// Whether thread `tid` of this process sleeps on a futex at this moment (one reading; see
+/// [`await_parked`]), and what was seen.
+#[cfg(target_os = "linux")]
+pub fn parked_now(tid: i32) -> (bool, String) {
+    let dir = format!("/proc/self/task/{tid}");
+    let stat = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next());
+    let wchan = fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
+    (
+        state == Some("S") && wchan.contains("futex"),
+        format!("{state:?} {wchan}"),
+    )
+}
+
 /// The calling thread's kernel thread id, for [`await_parked`].
 #[cfg(target_os = "linux")]
 pub fn own_tid() -> i32 {
@@ -1081,19 +1098,7 @@ pub fn own_tid() -> i32 {
 pub fn await_parked(tid: i32, limit: Duration) {
     #[cfg(target_os = "linux")]
     {
-        let parked = || {
-            let dir = format!("/proc/self/task/{tid}");
-            let stat = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            let wchan = fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
-            (
-                state == Some("S") && wchan.contains("futex"),
-                format!("{state:?} {wchan}"),
-            )
-        };
+        let parked = || parked_now(tid);
         let mut seen = 0;
         let waited = poll_until(limit, Duration::from_millis(2), || match parked() {
             (true, _) if seen >= 1 => Ok(()),
