@@ -391,9 +391,11 @@ fn lock_with_a_majority_frozen_times_out_after_a_connection_and_a_response_timeo
             "lock() {call} with 2 of 3 masters frozen: {:?}",
             got.map(|g| g.token())
         );
-        // Loose: a connection and a response timeout, plus a second for a loaded machine.
+        // Loose: a connection and a response timeout, plus 2.5 s for a loaded machine (a run
+        // beside a CI build took 4.09 s). Before, each attempt restarted the patience: up to 9 s,
+        // and `Error::Connection`, which the type check above catches whatever the time.
         assert!(
-            took <= connection + response + ms(1_000),
+            took <= connection + response + ms(2_500),
             "lock() {call} failed after {took:?}"
         );
     }
