@@ -19,7 +19,6 @@ use crate::scripts::{self, ReplicaAcks};
 use crate::tls::TlsSettings;
 use crate::token::FencingToken;
 use crate::topology::Topology;
-use crate::wire::{self, Arg, Interrupted};
 
 /// Prepended to every write script: the token comparison they share.
 const PRELUDE: &str = include_str!("scripts/fenced_prelude.lua");
@@ -436,14 +435,7 @@ fn pack_acked(
     }
     let mut packed = evalsha.get_packed_command();
     let first = packed.len();
-    wire::pack(
-        &mut packed,
-        &[
-            Arg::Str("WAIT"),
-            Arg::Int(u64::from(acks.replicas)),
-            Arg::Int(scripts::millis(acks.timeout)),
-        ],
-    );
+    scripts::pack_wait(&mut packed, acks);
     (packed, first)
 }
 
@@ -454,27 +446,7 @@ fn acked_write(
     script: &Script,
     (packed, first): &(Vec<u8>, usize),
 ) -> redis::RedisResult<(Value, u32)> {
-    // An interrupted reply is left unanswered, never asked for again alone: a WAIT must follow
-    // the write it counts, and the write must not run twice.
-    let replies = scripts::run_pipeline(
-        con,
-        script,
-        packed,
-        &[*first, packed.len()],
-        Interrupted::LeaveUnanswered,
-    )?;
-    let mut replies = replies.into_iter();
-    let reply = match replies.next() {
-        Some(Some(reply)) => reply?,
-        _ => return Err(wire::interrupted_error()),
-    };
-    // A WAIT refused (an ACL without it; UNBLOCKED when the master is demoted under it) or its
-    // reply unread counts no replica, as for the lock.
-    let acked = match replies.next() {
-        Some(Some(Ok(acked))) => u32::from_redis_value(acked).unwrap_or(0),
-        _ => 0,
-    };
-    Ok((reply, acked))
+    scripts::run_acked(con, script, packed, *first)
 }
 
 /// Configures and builds a [`FencedRedis`]; made by [`FencedRedis::builder`].

@@ -96,14 +96,7 @@ pub(crate) fn acquire(
     let (reply, acked) = match acks {
         None => (run(con, &ACQUIRE, &buf)?, None),
         Some(acks) => {
-            wire::pack(
-                &mut buf,
-                &[
-                    Arg::Str("WAIT"),
-                    Arg::Int(u64::from(acks.replicas)),
-                    Arg::Int(millis(acks.timeout)),
-                ],
-            );
+            pack_wait(&mut buf, acks);
             let ends = [first, buf.len()];
             let (reply, acked) = both(run_pipeline(
                 con,
@@ -444,18 +437,40 @@ pub(crate) fn extend_acked(
     let mut buf = Vec::with_capacity(160);
     pack_extend(&mut buf, keys, owner, lease);
     let first = buf.len();
+    pack_wait(&mut buf, acks);
+    // The extend stands unconfirmed, not failed, when the WAIT counts no replica.
+    let (reply, acked) = run_acked(con, &EXTEND, &buf, first)?;
+    Ok((extended(reply)?, acked))
+}
+
+/// Appends `WAIT replicas timeout` to `buf`.
+pub(crate) fn pack_wait(buf: &mut Vec<u8>, acks: ReplicaAcks) {
     wire::pack(
-        &mut buf,
+        buf,
         &[
             Arg::Str("WAIT"),
             Arg::Int(u64::from(acks.replicas)),
             Arg::Int(millis(acks.timeout)),
         ],
     );
+}
+
+/// Sends a script call packed in `buf[..first]` followed by the `WAIT` in `buf[first..]`, as one
+/// pipeline on `con`: the script's reply (its error, if it failed), and how many replicas
+/// acknowledged. A WAIT refused (an ACL without it; UNBLOCKED when the master is demoted under
+/// it) or its reply unread counts no replica. An interrupted reply is left unanswered, never
+/// asked for again alone: a WAIT must follow the write it counts, and a write whose reply was
+/// lost must not run twice.
+pub(crate) fn run_acked(
+    con: &mut redis::Connection,
+    script: &Script,
+    buf: &[u8],
+    first: usize,
+) -> RedisResult<(Value, u32)> {
     let replies = run_pipeline(
         con,
-        &EXTEND,
-        &buf,
+        script,
+        buf,
         &[first, buf.len()],
         Interrupted::LeaveUnanswered,
     )?;
@@ -464,13 +479,11 @@ pub(crate) fn extend_acked(
         Some(Some(reply)) => reply?,
         _ => return Err(wire::interrupted_error()),
     };
-    // A WAIT refused (an ACL without it; UNBLOCKED when the master is demoted under it) or its
-    // reply unread counts no replica: the extend stands unconfirmed, not failed.
     let acked = match replies.next() {
         Some(Some(Ok(acked))) => redis::from_redis_value(acked).unwrap_or(0),
         _ => 0,
     };
-    Ok((extended(reply)?, acked))
+    Ok((reply, acked))
 }
 
 /// Appends one extend call, by EVALSHA, to `buf`; the caller loads the script on NOSCRIPT.
