@@ -194,6 +194,26 @@ fn try_lock_holds_its_deadline_when_redis_freezes_while_it_waits() {
     let holder = client(&server.url(), 4, Duration::from_secs(5));
     let _held = holder.lock("k").unwrap();
     let waiter = client(&server.url(), 4, Duration::from_secs(5));
+    // The waiter's client subscribes to its release channel at its first refused attempt, and
+    // every subscription wakes its waiters to attempt again: had that happened after the freeze
+    // below, the attempt would be in flight at the deadline (`Err(Timeout)`, as documented)
+    // rather than the waiter waiting. So it subscribes first, on another key.
+    let warm = holder.lock("warm").unwrap();
+    assert!(waiter.try_lock("warm", ms(50)).unwrap().is_none());
+    drop(warm);
+    let mut watch = server.connection();
+    support::poll_until(Duration::from_secs(10), ms(5), || {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut watch)
+            .map_err(|e| e.to_string())?;
+        if list.lines().any(|l| l.contains(" sub=1 ")) {
+            Ok(())
+        } else {
+            Err(format!("no subscriber yet: {list}"))
+        }
+    })
+    .unwrap();
     let started = Instant::now();
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let result = thread::scope(|s| {
