@@ -116,6 +116,34 @@ impl Quorum {
         0..self.masters.len()
     }
 
+    /// The masters a step still waits for at `now`: not `done` (answered, or not asked), and
+    /// not stalled (see [`Masters::is_stalled`]).
+    fn waited_for<'a>(
+        &'a self,
+        done: &'a [bool],
+        now: Instant,
+    ) -> impl Iterator<Item = usize> + 'a {
+        self.all()
+            .filter(move |m| !done[*m] && !self.masters.is_stalled(*m, now))
+    }
+
+    /// The next reply on `rx`, waiting no later than `until`, nor past the moment a master the
+    /// step still waits for stalls: the step then counts again without it.
+    fn next_reply(
+        &self,
+        rx: &Receiver<Reply>,
+        done: &[bool],
+        now: Instant,
+        until: Instant,
+    ) -> Next {
+        let look = self.masters.next_stall(self.waited_for(done, now), now);
+        match rx.recv_deadline(look.min(until)) {
+            Ok(reply) => Next::Reply(reply),
+            Err(RecvTimeoutError::Timeout) if look < until => Next::Recount,
+            Err(_) => Next::Done,
+        }
+    }
+
     /// Joins the local queue of `keys`' key.
     pub(crate) fn join(&self, keys: &LockKeys) -> Ticket {
         self.wakes.join(keys.tag())
@@ -208,8 +236,7 @@ impl Quorum {
                 break;
             }
             let now = Instant::now();
-            let waiting = |m: &usize| !answered[*m] && !self.masters.is_stalled(*m, now);
-            let unanswered = self.all().filter(waiting).count();
+            let unanswered = self.waited_for(&answered, now).count();
             if n - granted.len() - unanswered > n - self.quorum {
                 let best = held
                     .iter()
@@ -221,11 +248,10 @@ impl Quorum {
                     break;
                 }
             }
-            let look = self.masters.next_stall(self.all().filter(waiting), now);
-            let reply = match rx.recv_deadline(look.min(stop)) {
-                Ok(reply) => reply,
-                Err(RecvTimeoutError::Timeout) if look < stop => continue,
-                Err(_) => break,
+            let reply = match self.next_reply(&rx, &answered, now, stop) {
+                Next::Reply(reply) => reply,
+                Next::Recount => continue,
+                Next::Done => break,
             };
             answered[reply.master] = true;
             match reply.result.and_then(|v| scripts::acquired_naming(v, keys)) {
@@ -321,16 +347,14 @@ impl Quorum {
         }
         loop {
             let now = Instant::now();
-            let waiting = |m: &usize| !confirmed[*m] && !self.masters.is_stalled(*m, now);
-            let stalled = asked - yes - other - self.all().filter(waiting).count();
+            let stalled = asked - yes - other - self.waited_for(&confirmed, now).count();
             if yes >= self.quorum || other + stalled > asked - self.quorum {
                 break;
             }
-            let look = self.masters.next_stall(self.all().filter(waiting), now);
-            let reply = match rx.recv_deadline(look.min(stop)) {
-                Ok(reply) => reply,
-                Err(RecvTimeoutError::Timeout) if look < stop => continue,
-                Err(_) => break,
+            let reply = match self.next_reply(&rx, &confirmed, now, stop) {
+                Next::Reply(reply) => reply,
+                Next::Recount => continue,
+                Next::Done => break,
             };
             confirmed[reply.master] = true;
             match reply.result.map(scripts::extended) {
@@ -427,18 +451,16 @@ impl Quorum {
         // A stalled master that has not answered is not waited for once every other one has.
         loop {
             let now = Instant::now();
-            let waiting = |m: &usize| !answered[*m] && !self.masters.is_stalled(*m, now);
             if tally.yes >= self.quorum
                 || tally.no > n - self.quorum
-                || !self.all().any(|m| waiting(&m))
+                || self.waited_for(&answered, now).next().is_none()
             {
                 break;
             }
-            let look = self.masters.next_stall(self.all().filter(waiting), now);
-            let reply = match rx.recv_deadline(look.min(until)) {
-                Ok(reply) => reply,
-                Err(RecvTimeoutError::Timeout) if look < until => continue,
-                Err(_) => break,
+            let reply = match self.next_reply(rx, &answered, now, until) {
+                Next::Reply(reply) => reply,
+                Next::Recount => continue,
+                Next::Done => break,
             };
             answered[reply.master] = true;
             match reply.result.map(scripts::extended) {
@@ -799,6 +821,15 @@ const MAX_SPLIT_PAUSE: Duration = Duration::from_secs(1);
 const MAX_HELD_PAUSE: Duration = Duration::from_secs(2);
 /// How often a waiter that is not its key's head looks whether it has become the head.
 const NOT_HEAD_LOOK: Duration = Duration::from_secs(1);
+/// What [`Quorum::next_reply`] brought.
+enum Next {
+    Reply(Reply),
+    /// A master the step waited for has stalled: count again without it.
+    Recount,
+    /// `until` came, or no master can answer any more.
+    Done,
+}
+
 /// The least time an attempt waits for replies, whatever the caller's deadline.
 const MIN_WAIT: Duration = Duration::from_millis(10);
 
