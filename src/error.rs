@@ -98,11 +98,20 @@ fn not_writable(cause: &BoxError) -> String {
                 .map(|code| (*code).to_owned())
         });
     match code.as_deref() {
-        Some("NOREPLICAS") => "the master refused the write (NOREPLICAS): fewer replicas are in              sync with it than its `min-replicas-to-write` requires. Right after a failover              this lasts until a replica has synced with the new master, which takes seconds              when its only replica is the old master being reconfigured: run two replicas, so              that the new master has one at once. Otherwise check the replicas' links to the              master (`min-replicas-max-lag`)"
+        Some("NOREPLICAS") => "the master refused the write (NOREPLICAS): fewer replicas are in \
+             sync with it than its `min-replicas-to-write` requires. Right after a failover \
+             this lasts until a replica has synced with the new master, which takes seconds \
+             when its only replica is the old master being reconfigured: run two replicas, so \
+             that the new master has one at once. Otherwise check the replicas' links to the \
+             master (`min-replicas-max-lag`)"
             .to_owned(),
-        Some("MASTERDOWN") => "the server refused the write (MASTERDOWN): it is a replica whose              link to its master is down; point the client at the master (with Sentinel, the              client finds it itself once the failover completes)"
+        Some("MASTERDOWN") => "the server refused the write (MASTERDOWN): it is a replica whose \
+             link to its master is down; point the client at the master (with Sentinel, the \
+             client finds it itself once the failover completes)"
             .to_owned(),
-        Some("READONLY") => "the server refused the write (READONLY): it is a read-only              replica; point the client at the master (with Sentinel or Cluster, the client              finds it itself once the failover completes)"
+        Some("READONLY") => "the server refused the write (READONLY): it is a read-only \
+             replica; point the client at the master (with Sentinel or Cluster, the client \
+             finds it itself once the failover completes)"
             .to_owned(),
         _ => format!("the server refused the write: {cause}"),
     }

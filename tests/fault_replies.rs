@@ -399,6 +399,8 @@ fn noreplicas_is_a_typed_error() {
         for leaks in ["script", "@user_script", "Not enough good replicas"] {
             assert!(!message.contains(leaks), "{call}: {message}");
         }
+        // One sentence a user reads, not a source line's indentation.
+        assert!(!message.contains("  "), "{call}: {message:?}");
     };
     says_what_to_do("lock", client.lock("unreplicated").unwrap_err());
     says_what_to_do(
