@@ -1,17 +1,21 @@
-//! The public face: [`LockClient`], what a user calls. The work is below it, in `locks.rs` and
-//! the files it names.
+//! The public face: [`LockClient`], what a user calls. It checks what needs no network, asks the
+//! client's engine (`engine.rs`) for a grant and wraps it in a guard; the work is below it.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Builder;
-use crate::connector::Connector;
+use crate::engine::Deadline;
 use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
-use crate::locks::Locks;
+use crate::key::LockKeys;
+use crate::metrics::{self, Since};
+use crate::net::connector::Connector;
 use crate::options::LockOptions;
+use crate::reentrant::{self, ReentrantGuard};
+use crate::shared::Shared;
 use crate::status::LockStatus;
 use crate::topology::Topology;
 
@@ -43,7 +47,7 @@ use crate::topology::Topology;
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    locks: Arc<Locks>,
+    shared: Arc<Shared>,
 }
 
 impl LockClient {
@@ -163,7 +167,7 @@ impl LockClient {
     /// and [`Error::InvalidArgument`] for options out of range.
     pub fn lock_with(&self, key: &str, options: &LockOptions) -> Result<LockGuard> {
         loop {
-            if let Some(guard) = self.locks.acquire(key, None, options)? {
+            if let Some(guard) = self.acquire(key, Deadline::Never, options)? {
                 return Ok(guard);
             }
         }
@@ -180,8 +184,8 @@ impl LockClient {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
         match Instant::now().checked_add(timeout) {
-            _ if timeout.is_zero() => self.locks.acquire_once(key, options),
-            Some(deadline) => self.locks.acquire(key, Some(deadline), options),
+            _ if timeout.is_zero() => self.acquire(key, Deadline::Now, options),
+            Some(deadline) => self.acquire(key, Deadline::At(deadline), options),
             None => self.lock_with(key, options).map(Some),
         }
     }
@@ -373,7 +377,8 @@ impl LockClient {
     /// [`lock`](LockClient::lock) would refuse. Connection errors, timeouts and Redis errors
     /// (a lock or fence key of the wrong type, a fence counter that holds no token).
     pub fn status(&self, key: &str) -> Result<LockStatus> {
-        self.locks.status(key)
+        let keys = self.shared.keys(key)?;
+        self.shared.engine.status(&keys)
     }
 
     /// Releases the lock on `key` **whoever holds it**, and hands it to the next waiter in
@@ -412,23 +417,114 @@ impl LockClient {
     /// [`Error::Connection`] or [`Error::Timeout`]
     /// its outcome is unknown; ask [`status`](LockClient::status).
     pub fn force_unlock(&self, key: &str) -> Result<bool> {
-        self.locks.force_unlock(key)
+        let keys = self.shared.keys(key)?;
+        let held = self.shared.engine.force_unlock(&keys)?;
+        if held {
+            log::warn!("fencelock: the lock on {key:?} was released by force");
+        }
+        Ok(held)
     }
 
     /// The namespace this client's keys live under.
     pub fn namespace(&self) -> &str {
-        &self.locks.config.namespace
+        &self.shared.config.namespace
     }
 
     /// The lease every grant of this client starts with, unless its options say otherwise.
     pub fn lease(&self) -> Duration {
-        self.locks.config.lease
+        self.shared.config.lease
     }
 
     /// Tells clients apart (clones are one client): the address of the shared state, which
     /// lives as long as the client or any of its guards.
-    pub(crate) fn identity(&self) -> usize {
-        self.locks.identity()
+    /// Takes the lock on `key` reentrantly: if this thread already holds it through a
+    /// [`ReentrantGuard`] of this client, returns another guard of that grant at once;
+    /// otherwise waits for it as [`lock`](LockClient::lock) does.
+    ///
+    /// Only reentrant guards nest. A key this thread holds through a plain [`LockGuard`] is
+    /// waited for like any held key, as [`lock`](LockClient::lock) explains: plain guards may
+    /// move between threads, so which thread holds one is not tracked.
+    ///
+    /// # Errors
+    /// As for [`lock`](LockClient::lock); [`Error::LockLost`] if this thread's hold of the key
+    /// was lost (no new grant can be had while its guards live).
+    pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
+        match reentrant::nested(self.identity(), &self.shared.keys(key)?)? {
+            Ok(nested) => Ok(nested),
+            Err(id) => Ok(reentrant::record(id, self.lock(key)?)),
+        }
+    }
+
+    /// [`reentrant_lock`](LockClient::reentrant_lock) that waits at most `timeout` for a lock
+    /// this thread does not hold yet; `Ok(None)` if it could not be had in time. A nested guard
+    /// of a hold this thread has comes back at once, whatever the timeout.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let Some(outer) = client.try_reentrant_lock("account:9", Duration::from_secs(1))? else {
+    ///     println!("account 9 is busy");
+    ///     return Ok(());
+    /// };
+    /// // Nested: granted at once, even with a zero timeout.
+    /// let inner = client.try_reentrant_lock("account:9", Duration::ZERO)?;
+    /// assert!(inner.is_some());
+    /// # drop(outer);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`reentrant_lock`](LockClient::reentrant_lock).
+    pub fn try_reentrant_lock(
+        &self,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Option<ReentrantGuard>> {
+        match reentrant::nested(self.identity(), &self.shared.keys(key)?)? {
+            Ok(nested) => Ok(Some(nested)),
+            Err(id) => Ok(self.try_lock(key, timeout)?.map(|guard| reentrant::record(id, guard))),
+        }
+    }
+
+    fn identity(&self) -> usize {
+        self.shared.identity()
+    }
+
+    /// Every lock call: checks what needs no network, then waits for the engine's grant until
+    /// `deadline`, and wraps it in a guard.
+    fn acquire(
+        &self,
+        key: &str,
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let called = Since::now();
+        let result = self.prepare(key, options).and_then(|keys| {
+            let lease = options.lease.unwrap_or(self.shared.config.lease);
+            let grant = self.shared.engine.acquire(keys, lease, deadline, options)?;
+            Ok(grant.map(|grant| LockGuard::new(Arc::clone(&self.shared), grant)))
+        });
+        metrics::acquired(&self.shared.config.namespace, called, &result);
+        result
+    }
+
+    /// Checks everything that needs no network: the key, the options, and that this thread does
+    /// not hold the key through a [`ReentrantGuard`]. A plain guard may have moved to another
+    /// thread, so holding one is no reason to refuse (see [`LockClient::lock`]).
+    fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
+        let keys = self.shared.keys(key)?;
+        options.validate()?;
+        if reentrant::held_here(self.identity(), keys.tag()) {
+            return Err(Error::WouldDeadlock {
+                key: keys.user().to_owned(),
+            });
+        }
+        if options.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        Ok(keys)
     }
 }
 
@@ -474,8 +570,8 @@ impl From<&LockClient> for FencedRedis {
     fn from(client: &LockClient) -> FencedRedis {
         FencedRedis::on_pool(
             client.namespace(),
-            Arc::clone(&client.locks.pools),
-            client.locks.config.replica_acks,
+            client.shared.engine.router(),
+            client.shared.config.replica_acks,
         )
     }
 }
@@ -494,7 +590,7 @@ impl Builder {
         let connector = Arc::new(Connector::open(&topology, &tls, config.connection_timeout)?);
         config.validate()?;
         Ok(LockClient {
-            locks: Locks::start(connector, config)?,
+            shared: Shared::start(connector, config)?,
         })
     }
 }
@@ -503,9 +599,9 @@ impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // No URL: it may carry a password.
         f.debug_struct("LockClient")
-            .field("namespace", &self.locks.config.namespace)
-            .field("lease", &self.locks.config.lease)
-            .field("pool_size", &self.locks.config.pool_size)
+            .field("namespace", &self.shared.config.namespace)
+            .field("lease", &self.shared.config.lease)
+            .field("pool_size", &self.shared.config.pool_size)
             .finish_non_exhaustive()
     }
 }

@@ -9,7 +9,6 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::key::LockKeys;
 use crate::metrics::{self, Since};
 use crate::token::FencingToken;
-use crate::wait::Waiters;
 
 pub(crate) struct Grant {
     /// Unique within the client; names the grant to the renewal thread.
@@ -25,7 +24,7 @@ pub(crate) struct Grant {
     /// own attempt was granted): the release takes the entry out.
     pub(crate) queued: bool,
     /// How many releases in a row handed this lock from one thread of this client to the next
-    /// ahead of other clients' waiters, this grant's included (see `wait::LOCAL_RUN`). It travels
+    /// ahead of other clients' waiters, this grant's included (see `wait::MAX_LOCAL_RUN`). It travels
     /// with the lock, not with the key's local queue, which empties between turns.
     pub(crate) local_run: u32,
     /// When the guard was made, for the hold time (`metrics`).
@@ -43,7 +42,22 @@ pub(crate) struct Grant {
     pub(crate) place: CohortSlot,
     /// The client's waiters: a thread of ours queued for this key waits for our release, which
     /// hands the lock to it; if the lock is lost instead, the loss wakes it to ask Redis.
-    waiters: Weak<Waiters>,
+    waiters: Weak<dyn Waiting>,
+}
+
+/// Who hears of a grant's loss besides its holder: the client's waiters for its key, whose head
+/// then asks Redis at once rather than wait for a release that will not come.
+pub(crate) trait Waiting: Send + Sync {
+    fn wake_head(&self, tag: &str);
+}
+
+/// For grants whose loss wakes nobody.
+pub(crate) fn nobody() -> Weak<dyn Waiting> {
+    struct Nobody;
+    impl Waiting for Nobody {
+        fn wake_head(&self, _: &str) {}
+    }
+    Weak::<Nobody>::new()
 }
 
 /// The renewal thread's cohort of a grant and its index there. Atomics only so that `Grant` stays
@@ -127,8 +141,9 @@ pub(crate) struct NewGrant {
 }
 
 impl Grant {
-    /// `id` names the grant to the renewal thread; `waiters` are woken if it is lost.
-    pub(crate) fn new(id: u64, new: NewGrant, waiters: Weak<Waiters>) -> Grant {
+    /// `id` names the grant to the renewal thread; the head of `waiters`' queue for its key is
+    /// woken if it is lost.
+    pub(crate) fn new(id: u64, new: NewGrant, waiters: Weak<dyn Waiting>) -> Grant {
         let NewGrant {
             keys,
             token,
@@ -271,7 +286,12 @@ impl Grant {
         true
     }
 
-    pub(crate) fn end(&self) {
+    /// The holder gives the grant up: loss found after this is not news to anyone. Returns
+    /// whether it was held until now.
+    pub(crate) fn end(&self) -> bool {
+        let was_held = self.is_held();
+        metrics::held(&self.keys, self.granted_at);
         self.ended.store(true, Ordering::Release);
+        was_held
     }
 }

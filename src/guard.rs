@@ -6,7 +6,7 @@ use crossbeam_channel::Receiver;
 
 use crate::error::Result;
 use crate::grant::Grant;
-use crate::locks::Locks;
+use crate::shared::Shared;
 use crate::metrics::{self, Op};
 use crate::options::validate_lease;
 use crate::token::FencingToken;
@@ -33,16 +33,16 @@ use crate::token::FencingToken;
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
-    locks: Arc<Locks>,
+    shared: Arc<Shared>,
     grant: Arc<Grant>,
     lost: OnceLock<Receiver<()>>,
     released: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(locks: Arc<Locks>, grant: Arc<Grant>) -> LockGuard {
+    pub(crate) fn new(shared: Arc<Shared>, grant: Arc<Grant>) -> LockGuard {
         LockGuard {
-            locks,
+            shared,
             grant,
             lost: OnceLock::new(),
             released: false,
@@ -119,7 +119,7 @@ impl LockGuard {
     /// acknowledged the extend in time (the lock stays held until the deadline it had before);
     /// connection errors and timeouts as for any command.
     pub fn extend(&self, lease: Duration) -> Result<()> {
-        let extended = validate_lease(lease).and_then(|()| self.locks.extend(&self.grant, lease));
+        let extended = validate_lease(lease).and_then(|()| self.shared.engine.extend(&self.grant, lease));
         metrics::outcome(self.grant.keys.namespace(), Op::Extend, &extended);
         extended
     }
@@ -136,7 +136,7 @@ impl LockGuard {
     /// timeouts as for any command; the lock then expires with its lease, as renewal has stopped.
     pub fn unlock(mut self) -> Result<()> {
         self.released = true;
-        self.locks.release(&self.grant)
+        self.shared.engine.release(&self.grant)
     }
 }
 
@@ -156,7 +156,7 @@ impl Drop for LockGuard {
             return;
         }
         // Failures are logged; a guard dropped during a panic must not panic again.
-        self.locks.release_on_drop(&self.grant);
+        self.shared.engine.release_detached(&self.grant);
     }
 }
 

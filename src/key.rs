@@ -1,5 +1,6 @@
 //! How a user's key becomes Redis keys: validation, escaping and the Cluster hash tag.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::config::DEFAULT_IDLE_EXPIRY;
@@ -131,6 +132,34 @@ impl LockKeys {
     /// owner id's expiry and lease).
     pub(crate) fn all(&self) -> [&str; 4] {
         [self.part(2), self.part(3), self.part(4), self.part(5)]
+    }
+}
+
+/// The owner ids of one client: its random id, `:`, and a counter. Ids never repeat, cost no
+/// system call each, are not derivable from the key, and name the client whose waiter an id is.
+pub(crate) struct Owners {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Owners {
+    pub(crate) fn new(client_id: &str) -> Owners {
+        Owners {
+            prefix: format!("{client_id}:"),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// What every owner id of this client starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Gives `keys` a fresh owner id: one per lock call, or per attempt where a late release of
+    /// an earlier one must not touch the next.
+    pub(crate) fn next(&self, keys: &mut LockKeys) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        keys.set_owner(&self.prefix, n);
     }
 }
 

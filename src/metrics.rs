@@ -49,7 +49,6 @@ mod on {
 
     use super::{How, Op};
     use crate::error::{kind_of_redis, Error, Result};
-    use crate::guard::LockGuard;
     use crate::key::LockKeys;
     use crate::scripts::Released;
 
@@ -118,7 +117,7 @@ mod on {
 
     /// A lock call that started at `since` ended: with the lock, without it at its timeout, or
     /// with an error.
-    pub(crate) fn acquired(namespace: &str, since: Since, result: &Result<Option<LockGuard>>) {
+    pub(crate) fn acquired<T>(namespace: &str, since: Since, result: &Result<Option<T>>) {
         match result {
             Ok(Some(_)) => histogram!(WAIT, "namespace" => namespace.to_owned())
                 .record(since.0.elapsed().as_secs_f64()),
@@ -199,7 +198,6 @@ mod off {
 
     use super::{How, Op};
     use crate::error::{Error, Result};
-    use crate::guard::LockGuard;
     use crate::key::LockKeys;
     use crate::scripts::Released;
 
@@ -217,7 +215,7 @@ mod off {
     pub(crate) fn describe() {}
 
     #[inline(always)]
-    pub(crate) fn acquired(_: &str, _: Since, _: &Result<Option<LockGuard>>) {}
+    pub(crate) fn acquired<T>(_: &str, _: Since, _: &Result<Option<T>>) {}
 
     #[inline(always)]
     pub(crate) fn granted(_: &str, _: How) {}

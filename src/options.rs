@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, TryRecvError};
 
 use crate::error::{Error, Result};
 
@@ -77,6 +77,13 @@ impl LockOptions {
     pub fn cancel(mut self, cancel: Receiver<()>) -> LockOptions {
         self.cancel = Some(cancel);
         self
+    }
+
+    /// Whether the caller's cancel signal is ready (a message, or every sender gone).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|cancel| !matches!(cancel.try_recv(), Err(TryRecvError::Empty)))
     }
 
     pub(crate) fn validate(&self) -> Result<()> {

@@ -13,17 +13,16 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::{Rc, Weak};
-use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::key::LockKeys;
 use crate::token::FencingToken;
 
 /// (client identity, escaped key) of a reentrant hold.
-type HoldId = (usize, String);
+pub(crate) type HoldId = (usize, String);
 
 thread_local! {
     static HOLDS: RefCell<HashMap<HoldId, Weak<Hold>>> = RefCell::new(HashMap::new());
@@ -66,84 +65,31 @@ pub struct ReentrantGuard {
     hold: Rc<Hold>,
 }
 
-impl LockClient {
-    /// Takes the lock on `key` reentrantly: if this thread already holds it through a
-    /// [`ReentrantGuard`] of this client, returns another guard of that grant at once;
-    /// otherwise waits for it as [`lock`](LockClient::lock) does.
-    ///
-    /// Only reentrant guards nest. A key this thread holds through a plain [`LockGuard`] is
-    /// waited for like any held key, as [`lock`](LockClient::lock) explains: plain guards may
-    /// move between threads, so which thread holds one is not tracked.
-    ///
-    /// # Errors
-    /// As for [`lock`](LockClient::lock); [`Error::LockLost`] if this thread's hold of the key
-    /// was lost (no new grant can be had while its guards live).
-    pub fn reentrant_lock(&self, key: &str) -> Result<ReentrantGuard> {
-        match self.nested(key)? {
-            Ok(nested) => Ok(nested),
-            Err(id) => Ok(record(id, self.lock(key)?)),
-        }
-    }
-
-    /// [`reentrant_lock`](LockClient::reentrant_lock) that waits at most `timeout` for a lock
-    /// this thread does not hold yet; `Ok(None)` if it could not be had in time. A nested guard
-    /// of a hold this thread has comes back at once, whatever the timeout.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), fencelock::Error> {
-    /// use std::time::Duration;
-    ///
-    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
-    /// let Some(outer) = client.try_reentrant_lock("account:9", Duration::from_secs(1))? else {
-    ///     println!("account 9 is busy");
-    ///     return Ok(());
-    /// };
-    /// // Nested: granted at once, even with a zero timeout.
-    /// let inner = client.try_reentrant_lock("account:9", Duration::ZERO)?;
-    /// assert!(inner.is_some());
-    /// # drop(outer);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// As for [`reentrant_lock`](LockClient::reentrant_lock).
-    pub fn try_reentrant_lock(
-        &self,
-        key: &str,
-        timeout: Duration,
-    ) -> Result<Option<ReentrantGuard>> {
-        match self.nested(key)? {
-            Ok(nested) => Ok(Some(nested)),
-            Err(id) => Ok(self.try_lock(key, timeout)?.map(|guard| record(id, guard))),
-        }
-    }
-
-    /// Another guard of this thread's hold of `key`, or, if it has none, the id under which to
-    /// record a new one.
-    fn nested(&self, key: &str) -> Result<std::result::Result<ReentrantGuard, HoldId>> {
-        let tag = crate::key::LockKeys::new(self.namespace(), key)?
-            .tag()
-            .to_owned();
-        let id = (self.identity(), tag);
-        // While the thread exits, its map is gone: no nesting to find, and none to record.
-        let nested = HOLDS
-            .try_with(|holds| holds.try_borrow().ok()?.get(&id).and_then(Weak::upgrade))
-            .ok()
-            .flatten();
-        match nested {
-            // A share of a lost grant would claim a lock nobody holds; and no new grant can be
-            // had while the old shares live.
-            Some(hold) if !hold.guard.is_held() => Err(Error::LockLost {
-                key: key.to_owned(),
-            }),
-            Some(hold) => Ok(Ok(ReentrantGuard { hold })),
-            None => Ok(Err(id)),
-        }
+/// Another guard of this thread's hold of `key`, or, if it has none, the id under which to
+/// record a new one.
+pub(crate) fn nested(
+client: usize,
+keys: &LockKeys,
+) -> Result<std::result::Result<ReentrantGuard, HoldId>> {
+    let id = (client, keys.tag().to_owned());
+    // While the thread exits, its map is gone: no nesting to find, and none to record.
+    let nested = HOLDS
+        .try_with(|holds| holds.try_borrow().ok()?.get(&id).and_then(Weak::upgrade))
+        .ok()
+        .flatten();
+    match nested {
+        // A share of a lost grant would claim a lock nobody holds; and no new grant can be
+        // had while the old shares live.
+        Some(hold) if !hold.guard.is_held() => Err(Error::LockLost {
+            key: keys.user().to_owned(),
+        }),
+        Some(hold) => Ok(Ok(ReentrantGuard { hold })),
+        None => Ok(Err(id)),
     }
 }
 
 /// Makes `guard` this thread's hold `id`, and its first share.
-fn record(id: HoldId, guard: LockGuard) -> ReentrantGuard {
+pub(crate) fn record(id: HoldId, guard: LockGuard) -> ReentrantGuard {
     let hold = Rc::new(Hold {
         guard,
         id: id.clone(),

@@ -3,10 +3,6 @@
 
 use std::time::Duration;
 
-use crate::error::Result;
-use crate::key::LockKeys;
-use crate::locks::Locks;
-use crate::scripts;
 use crate::token::FencingToken;
 
 /// How a lock stood in Redis when [`LockClient::status`](crate::LockClient::status) read it:
@@ -56,24 +52,4 @@ pub struct LockStatus {
     ///
     /// [`LockClient`]: crate::LockClient
     pub waiters: u64,
-}
-
-impl Locks {
-    /// Reads how the lock on `key` stands, by the read-only status script: one round trip,
-    /// repeated on a fresh connection if the pooled one turns out broken.
-    pub(crate) fn status(&self, key: &str) -> Result<LockStatus> {
-        let keys = LockKeys::new(&self.config.namespace, key)?;
-        if let Some(quorum) = &self.quorum {
-            return quorum.status(&keys);
-        }
-        let status = self
-            .pools
-            .run(keys.lock(), |con, _| scripts::status(con, &keys))?;
-        Ok(LockStatus {
-            held: status.held,
-            token: status.token,
-            remaining_lease: status.pttl,
-            waiters: status.waiters,
-        })
-    }
 }

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::master::{Call, Masters, Reply};
+use super::masters::{Call, Masters, Reply};
+use super::{Quorum, Tally};
+use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::scripts;
 
@@ -275,3 +277,36 @@ fn round_time(response_timeout: Duration, lease: Duration) -> Duration {
 fn renews(grant: &Grant, now: Instant) -> bool {
     grant.auto_renew && grant.renew_until.is_none_or(|until| now < until)
 }
+
+/// Re-arms `grant`'s lease to `lease` on every master; held while a majority does.
+pub(super) fn extend(q: &Quorum, grant: &Grant, lease: Duration) -> Result<()> {
+    let lost = || Error::LockLost {
+        key: grant.keys.user().to_owned(),
+    };
+    if !grant.is_held() {
+        return Err(lost());
+    }
+    let sent = Instant::now();
+    let until = (sent + q.response_timeout).min(grant.deadline());
+    let mut packed = Vec::with_capacity(128);
+    scripts::pack_extend(&mut packed, &grant.keys, grant.keys.owner(), lease);
+    let rx = q.ask(q.all(), &scripts::EXTEND, packed, until, false);
+    let n = q.masters.len();
+    let Tally { yes, no, failed } = q.tally(&rx, until, false);
+    if yes >= q.majority {
+        if grant.confirm(sent, lease, Instant::now()) {
+            grant.renew_with(lease);
+            return Ok(());
+        }
+        return Err(lost());
+    }
+    if no > n - q.majority {
+        grant.mark_lost("a majority of the masters no longer hold it");
+        return Err(lost());
+    }
+    Err(match failed.into_iter().next() {
+        Some(e) => Error::from_redis(e),
+        None => Error::Timeout("no majority of the masters answered in time".into()),
+    })
+}
+

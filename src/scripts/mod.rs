@@ -1,8 +1,13 @@
-//! The three Lua scripts every lock operation runs (acquire, extend, release), the read-only
-//! status script, and their typed replies.
+//! Every Lua script the crate runs, and their typed replies.
 //!
-//! `grant.lua` holds what acquire and release share (minting a token, the queue of waiters) and
-//! is prepended to both.
+//! | script | run by |
+//! |---|---|
+//! | `acquire.lua`, `extend.lua`, `release.lua`, `status.lua` | the one-master engine |
+//! | `acquire.lua`, `confirm.lua`, `extend.lua`, `quorum_release.lua`, `quorum_force.lua`, `quorum_status.lua` | the quorum engine, on each master |
+//! | `fenced_*.lua` | [`FencedRedis`](crate::FencedRedis), after `fenced_prelude.lua` |
+//!
+//! `grant.lua` holds what acquire, confirm and release share (minting a token, the queue of
+//! waiters) and is prepended to each.
 //!
 //! Each script is its own file with a header naming KEYS, ARGV and the reply; `docs/design.md`
 //! holds the state table (lock key absent / ours / another's × acquire / extend / release).
@@ -43,6 +48,10 @@ pub(crate) static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
 /// A quorum master's release: compare-and-delete, then a message to waiting clients.
 pub(crate) static QUORUM_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("quorum_release.lua")));
+pub(crate) static QUORUM_FORCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("quorum_force.lua")));
+pub(crate) static QUORUM_STATUS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("quorum_status.lua")));
 
 pub(crate) static STATUS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("status.lua")));

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::connector::Connector;
+use crate::net::connector::Connector;
 
 /// How long a listener waits for a message before it checks its connection and its waiters.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -40,7 +40,7 @@ const LINGER: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The local queues of one quorum client, and what its listeners need.
-pub(crate) struct Wakes {
+pub(crate) struct Waiters {
     queues: Mutex<HashMap<String, Queue>>,
     /// How many threads wait, for the listeners; they sleep on `someone` while it is 0.
     waiting: Mutex<usize>,
@@ -72,9 +72,9 @@ pub(crate) fn channel(namespace: &str, tag: &str) -> String {
     format!("{namespace}:freed:{{{tag}}}")
 }
 
-impl Wakes {
-    pub(crate) fn new(namespace: &str) -> Wakes {
-        Wakes {
+impl Waiters {
+    pub(crate) fn new(namespace: &str) -> Waiters {
+        Waiters {
             queues: Mutex::default(),
             waiting: Mutex::new(0),
             someone: Condvar::new(),
@@ -103,7 +103,7 @@ impl Wakes {
             .slots
             .push_back(Arc::clone(&slot));
         Ticket {
-            wakes: Arc::clone(self),
+            waiters: Arc::clone(self),
             tag: tag.to_owned(),
             slot,
             granted: false,
@@ -168,7 +168,7 @@ impl Wakes {
             let listener = Listener {
                 index,
                 connector: Arc::clone(connector),
-                wakes: Arc::downgrade(self),
+                waiters: Arc::downgrade(self),
                 pattern: format!("{}*", self.prefix),
                 connect_timeout: connection_timeout.min(Duration::from_secs(5)),
             };
@@ -186,7 +186,7 @@ impl Wakes {
 /// A waiter's place in its key's local queue; leaving it (on drop) without the lock wakes the
 /// next.
 pub(crate) struct Ticket {
-    wakes: Arc<Wakes>,
+    waiters: Arc<Waiters>,
     tag: String,
     slot: Arc<Slot>,
     granted: bool,
@@ -194,7 +194,7 @@ pub(crate) struct Ticket {
 
 impl Ticket {
     pub(crate) fn is_head(&self) -> bool {
-        self.wakes
+        self.waiters
             .queues()
             .get(&self.tag)
             .and_then(|q| q.slots.front())
@@ -207,13 +207,13 @@ impl Ticket {
         if self.slot.listening.swap(true, Ordering::Relaxed) {
             return;
         }
-        self.wakes.start_listeners(connector, connection_timeout);
+        self.waiters.start_listeners(connector, connection_timeout);
         *self
-            .wakes
+            .waiters
             .waiting
             .lock()
             .unwrap_or_else(PoisonError::into_inner) += 1;
-        self.wakes.someone.notify_all();
+        self.waiters.someone.notify_all();
     }
 
     /// Leaves with the lock: the next waiter is woken by its release, not now.
@@ -235,7 +235,7 @@ impl Ticket {
 
     /// Whether a release of `owner` was heard (and its repeats are being dropped).
     pub(crate) fn heard_release_of(&self, owner: &str) -> bool {
-        self.wakes
+        self.waiters
             .queues()
             .get(&self.tag)
             .is_some_and(|q| !owner.is_empty() && q.last_released == owner)
@@ -249,7 +249,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut queues = self.wakes.queues();
+        let mut queues = self.waiters.queues();
         if let Some(queue) = queues.get_mut(&self.tag) {
             queue.slots.retain(|s| s.id != self.slot.id);
             match queue.slots.front() {
@@ -265,7 +265,7 @@ impl Drop for Ticket {
         drop(queues);
         if self.slot.listening.load(Ordering::Relaxed) {
             let mut waiting = self
-                .wakes
+                .waiters
                 .waiting
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -284,7 +284,7 @@ pub(crate) enum Waited {
 struct Listener {
     index: usize,
     connector: Arc<Connector>,
-    wakes: Weak<Wakes>,
+    waiters: Weak<Waiters>,
     pattern: String,
     connect_timeout: Duration,
 }
@@ -296,14 +296,14 @@ impl Listener {
         loop {
             // Idle until someone waits; ends with the client.
             loop {
-                let Some(wakes) = self.wakes.upgrade() else {
+                let Some(waiters) = self.waiters.upgrade() else {
                     return;
                 };
-                let waiting = wakes.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                let waiting = waiters.waiting.lock().unwrap_or_else(PoisonError::into_inner);
                 if *waiting > 0 {
                     break;
                 }
-                let _ = wakes
+                let _ = waiters
                     .someone
                     .wait_timeout(waiting, HEARTBEAT)
                     .unwrap_or_else(PoisonError::into_inner);
@@ -345,8 +345,8 @@ impl Listener {
         )?;
         con.recv_response()?.extract_error()?;
         *backoff = Duration::from_millis(10);
-        match self.wakes.upgrade() {
-            Some(wakes) => wakes.wake_all_heads(),
+        match self.waiters.upgrade() {
+            Some(waiters) => waiters.wake_all_heads(),
             None => return Ok(()),
         }
         let mut pubsub = con.as_pubsub();
@@ -356,23 +356,23 @@ impl Listener {
             let quiet = match pubsub.get_message() {
                 Ok(msg) => {
                     heard = Instant::now();
-                    match self.wakes.upgrade() {
-                        Some(wakes) => {
-                            wakes.heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
+                    match self.waiters.upgrade() {
+                        Some(waiters) => {
+                            waiters.heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
                         }
                         None => return Ok(()),
                     }
                     false
                 }
-                Err(e) if e.is_timeout() || crate::wire::interrupted(&e) => {
+                Err(e) if e.is_timeout() || crate::net::wire::interrupted(&e) => {
                     heard.elapsed() >= HEARTBEAT
                 }
                 Err(e) => return Err(e),
             };
-            let Some(wakes) = self.wakes.upgrade() else {
+            let Some(waiters) = self.waiters.upgrade() else {
                 return Ok(());
             };
-            if wakes.waiting() == 0 {
+            if waiters.waiting() == 0 {
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= LINGER {
                     return Ok(());

@@ -441,8 +441,6 @@ fn retry_delay(lease: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Weak;
-
     use super::*;
     use crate::grant::{drift_margin, NewGrant};
     use crate::key::LockKeys;
@@ -477,7 +475,7 @@ mod tests {
             queued: false,
             local_run: 0,
         };
-        Arc::new(Grant::new(id, new, Weak::new()))
+        Arc::new(Grant::new(id, new, crate::grant::nobody()))
     }
 
     fn grants(ids: std::ops::Range<u64>, sent: Instant) -> Vec<Arc<Grant>> {

@@ -1,0 +1,125 @@
+//! The seam between a client and its deployment: every lock operation, at the height of a whole
+//! call, and the one place that knows which engine a client has.
+//!
+//! Two engines fill it, with the same method names:
+//!
+//! | | one master ([`OneMaster`]): a single server, Sentinel, Cluster | a quorum of masters ([`Quorum`]) |
+//! |---|---|---|
+//! | acquire, until a deadline | `one_master/acquire.rs`: the acquire script; a refused waiter joins Redis' queue for the key | `quorum/acquire.rs`: acquire on every master, confirm the largest token on a majority |
+//! | wait | `one_master/wait.rs`: the key's local queue, and handoff by the release script (`one_master/listener.rs` hears other clients') | `quorum/wait.rs`: the key's local queue, woken by release messages |
+//! | hold, renew, extend | `one_master/renew.rs`: one thread, pipelined extends per node | `quorum/renew.rs`: one thread, extends on every master, a majority keeps it |
+//! | release | `one_master/release.rs`: hands the lock to the next waiter in the same script | `quorum/release.rs`: deletes on every master, publishes the release |
+//!
+//! Single server, Sentinel and Cluster differ only in how bytes reach a master (`net/`): which
+//! node a key lives on, and how a failover is ridden. What the engines share is below them:
+//! [`Grant`] (one grant's lease state), the scripts, the keys and the connections.
+//!
+//! An engine returns grants, never guards: the guard is the facade's (`guard.rs`), written once
+//! over any engine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::grant::Grant;
+use crate::key::LockKeys;
+use crate::net::connector::Connector;
+use crate::net::router::Router;
+use crate::one_master::OneMaster;
+use crate::options::LockOptions;
+use crate::quorum::Quorum;
+use crate::status::LockStatus;
+
+/// A client's engine, picked once from its topology.
+pub(crate) enum Engine {
+    OneMaster(Arc<OneMaster>),
+    Quorum(Arc<Quorum>),
+}
+
+/// How long a lock call may wait for its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// One attempt, no waiting (`try_lock` with a zero timeout).
+    Now,
+    At(Instant),
+    /// Until granted (`lock`).
+    Never,
+}
+
+impl Engine {
+    /// Starts the engine the topology calls for, with its threads.
+    pub(crate) fn start(connector: Arc<Connector>, config: &Config) -> Result<Engine> {
+        Ok(if connector.masters() > 0 {
+            Engine::Quorum(Quorum::start(connector, config)?)
+        } else {
+            Engine::OneMaster(OneMaster::start(connector, config)?)
+        })
+    }
+
+    /// Waits in the key's local queue until granted or `deadline`, or the caller's cancel
+    /// signal. The grant is held (renewal runs, unless the options say otherwise); `None` at the
+    /// deadline.
+    pub(crate) fn acquire(
+        &self,
+        keys: LockKeys,
+        lease: Duration,
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<Arc<Grant>>> {
+        match self {
+            Engine::OneMaster(m) => m.acquire(keys, lease, deadline, options),
+            Engine::Quorum(q) => q.acquire(keys, lease, deadline, options),
+        }
+    }
+
+    /// Extends a held grant's lease to `lease` from now, and renewals re-arm that much from then
+    /// on.
+    pub(crate) fn extend(&self, grant: &Arc<Grant>, lease: Duration) -> Result<()> {
+        match self {
+            Engine::OneMaster(m) => m.extend(grant, lease),
+            Engine::Quorum(q) => q.extend(grant, lease),
+        }
+    }
+
+    /// Releases a grant and waits for the reply (`unlock`): an error says what happened to it.
+    pub(crate) fn release(&self, grant: &Arc<Grant>) -> Result<()> {
+        match self {
+            Engine::OneMaster(m) => m.release(grant),
+            Engine::Quorum(q) => q.release(grant),
+        }
+    }
+
+    /// Releases a grant without waiting for more than a reply Redis sends at once (a guard's
+    /// drop): what fails is retried in the background or left to the lease, and logged.
+    pub(crate) fn release_detached(&self, grant: &Arc<Grant>) {
+        match self {
+            Engine::OneMaster(m) => m.release_detached(grant),
+            Engine::Quorum(q) => q.release_detached(grant),
+        }
+    }
+
+    /// Deletes the lock on `keys` whoever holds it: whether anyone did.
+    pub(crate) fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        match self {
+            Engine::OneMaster(m) => m.force_unlock(keys),
+            Engine::Quorum(q) => q.force_unlock(keys),
+        }
+    }
+
+    pub(crate) fn status(&self, keys: &LockKeys) -> Result<LockStatus> {
+        match self {
+            Engine::OneMaster(m) => m.status(keys),
+            Engine::Quorum(q) => q.status(keys),
+        }
+    }
+
+    /// Where a fenced store that shares the client's connections sends its writes. A quorum has
+    /// no one server to store on: its router refuses every call.
+    pub(crate) fn router(&self) -> Arc<Router> {
+        match self {
+            Engine::OneMaster(m) => m.router(),
+            Engine::Quorum(q) => q.router(),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The one-master engine: every lock lives on one master at a time, found by the connector (a
+//! single server, the master Sentinel names, or the Cluster node that serves the key's slot).
+//!
+//! | file | what it does |
+//! |---|---|
+//! | `acquire.rs` | a lock call: attempt, wait in the key's local queue, take the grant |
+//! | `wait.rs` | the key's local queue, and the moves of a waiter between its states |
+//! | `listener.rs` (+ `listener/sharded.rs` on a Cluster) | hears other clients' handoffs to our waiters |
+//! | `release.rs` | release, handoff to the next waiter, the background thread for releases no caller waits for |
+//! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |
+//!
+//! A quorum client has none of these; see `quorum/`.
+
+mod acquire;
+mod listener;
+mod release;
+mod renew;
+mod wait;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{RecvTimeoutError, Sender};
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::engine::Deadline;
+use crate::error::{Error, Result};
+use crate::grant::{Grant, NewGrant};
+use crate::key::{release_channel, LockKeys, Owners};
+use crate::net::connector::Connector;
+use crate::net::router::Router;
+use crate::options::LockOptions;
+use crate::scripts::{self, Leaving, Released};
+use crate::status::LockStatus;
+
+use listener::Sharded;
+use release::Job;
+use renew::Renewal;
+use wait::{Waiters, MAX_LOCAL_RUN};
+
+/// A one-master client's engine: its pool, its local queues, its threads.
+pub(crate) struct OneMaster {
+    config: Config,
+    owners: Owners,
+    router: Arc<Router>,
+    waiters: Arc<Waiters>,
+    /// On a cluster, the subscriptions to the channels of the keys our waiters wait on.
+    sharded: Option<Sharded>,
+    renewal: Renewal,
+    next_grant: AtomicU64,
+    /// The background thread for releases no caller waits for (`release.rs`), started at its
+    /// first use; `None` if it could not be started.
+    background: OnceLock<Option<Sender<Job>>>,
+}
+
+impl OneMaster {
+    /// Starts a client's threads (the release channel's listener and renewal) and its pool.
+    pub(crate) fn start(connector: Arc<Connector>, config: &Config) -> Result<Arc<OneMaster>> {
+        let thread_error = |e: std::io::Error| Error::Connection(Box::new(e));
+        let waiters = Arc::new(Waiters::default());
+        // One random id per client names the channel on which handoffs to it come.
+        let client_id = Uuid::new_v4().simple().to_string();
+        // On a cluster, an id starting with 's' tells a release to hand over on the key's shard
+        // channel (`listener/sharded.rs`) rather than broadcast to every node. Clients of
+        // versions without it get classic messages, and so does this one from them.
+        let client_id = if connector.routes() {
+            format!("s{client_id}")
+        } else {
+            client_id
+        };
+        let owners = Owners::new(&client_id);
+        listener::spawn(
+            Arc::clone(&connector),
+            release_channel(&config.namespace, &client_id),
+            owners.prefix().to_owned(),
+            config.connection_timeout,
+            Arc::downgrade(&waiters),
+        )
+        .map_err(thread_error)?;
+        let sharded = connector.routes().then(|| {
+            Sharded::new(
+                Arc::clone(&connector),
+                &config.namespace,
+                &client_id,
+                owners.prefix().to_owned(),
+                config.connection_timeout,
+                config.response_timeout,
+                Arc::downgrade(&waiters),
+            )
+        });
+        let renewal = renew::spawn(
+            Arc::clone(&connector),
+            config.lease,
+            config.connection_timeout,
+            config.response_timeout,
+            config.replica_acks,
+        )
+        .map_err(thread_error)?;
+        Ok(Arc::new(OneMaster {
+            router: Arc::new(Router::new(
+                connector,
+                config.pool_size,
+                config.connection_timeout,
+                config.response_timeout,
+            )),
+            config: config.clone(),
+            owners,
+            waiters,
+            sharded,
+            renewal,
+            next_grant: AtomicU64::new(0),
+            background: OnceLock::new(),
+        }))
+    }
+
+    /// See [`Engine::acquire`](crate::engine::Engine::acquire).
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        keys: LockKeys,
+        lease: Duration,
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<Arc<Grant>>> {
+        match deadline {
+            Deadline::Now => acquire::once(self, keys, lease, options),
+            Deadline::At(at) => acquire::until(self, keys, lease, Some(at), options),
+            Deadline::Never => acquire::until(self, keys, lease, None, options),
+        }
+    }
+
+    /// Makes the grant and hands it to the renewal thread.
+    fn hold(&self, new: NewGrant) -> Arc<Grant> {
+        let id = self.next_grant.fetch_add(1, Ordering::Relaxed);
+        log::debug!(
+            "fencelock: granted {:?} with token {}",
+            new.keys.user(),
+            new.token
+        );
+        let waiters: Arc<dyn crate::grant::Waiting> = Arc::clone(&self.waiters) as _;
+        let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&waiters)));
+        // The renewal thread outlives every guard, so this only fails if it died: then nothing
+        // will renew this lease, and the holder must hear so now, not at the deadline.
+        if !self.renewal.hold(Arc::clone(&grant)) {
+            grant.mark_lost("the renewal thread is gone");
+        }
+        grant
+    }
+
+    /// See [`Engine::extend`](crate::engine::Engine::extend): the renewal thread sends it, on
+    /// its own connections, so that it is ordered with the renewals of the same lease.
+    pub(crate) fn extend(&self, grant: &Arc<Grant>, lease: Duration) -> Result<()> {
+        let lost = || Error::LockLost {
+            key: grant.keys.user().to_owned(),
+        };
+        if !grant.is_held() {
+            return Err(lost());
+        }
+        let answer = self.renewal.extend(Arc::clone(grant), lease);
+        let patience = self.config.response_timeout * 3 + self.config.connection_timeout;
+        match answer.recv_timeout(patience) {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(lost()),
+            Ok(Err(e)) => Err(e),
+            Err(RecvTimeoutError::Disconnected) => Err(lost()),
+            Err(RecvTimeoutError::Timeout) => Err(Error::Connection(
+                "the renewal thread did not answer in time".into(),
+            )),
+        }
+    }
+
+    /// See [`Engine::release`](crate::engine::Engine::release).
+    pub(crate) fn release(&self, grant: &Arc<Grant>) -> Result<()> {
+        let was_held = self.stop(grant);
+        release::release(self, grant, was_held)
+    }
+
+    /// See [`Engine::release_detached`](crate::engine::Engine::release_detached).
+    pub(crate) fn release_detached(self: &Arc<Self>, grant: &Arc<Grant>) {
+        let was_held = self.stop(grant);
+        release::release_detached(self, grant, was_held);
+    }
+
+    /// Ends the grant's renewal: whether it was held until now.
+    fn stop(&self, grant: &Grant) -> bool {
+        let was_held = grant.end();
+        self.renewal.forget(grant.id);
+        was_held
+    }
+
+    /// See [`Engine::force_unlock`](crate::engine::Engine::force_unlock).
+    pub(crate) fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
+        let (released, _) =
+            release::hand_over(self, keys, self.owners.prefix(), Leaving::Forced, MAX_LOCAL_RUN, None)?;
+        Ok(!matches!(released, Released::NotOurs))
+    }
+
+    /// See [`Engine::status`](crate::engine::Engine::status).
+    pub(crate) fn status(&self, keys: &LockKeys) -> Result<LockStatus> {
+        let status = self
+            .router
+            .run(keys.lock(), |con, _| scripts::status(con, keys))?;
+        Ok(LockStatus {
+            held: status.held,
+            token: status.token,
+            remaining_lease: status.pttl,
+            waiters: status.waiters,
+        })
+    }
+
+    pub(crate) fn router(&self) -> Arc<Router> {
+        Arc::clone(&self.router)
+    }
+}
