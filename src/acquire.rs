@@ -25,9 +25,9 @@ use crate::key::LockKeys;
 use crate::listener;
 use crate::locks::Locks;
 use crate::metrics::{self, How, Since};
+use crate::net::pool::{Run, MIN_READ};
+use crate::net::router::Ride;
 use crate::options::LockOptions;
-use crate::pool::{Run, MIN_READ};
-use crate::pools::Ride;
 use crate::reentrant;
 use crate::scripts::{self, Acquire, JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
@@ -149,7 +149,7 @@ impl Locks {
         if !in_redis_queue {
             return found.map(|_| Round::Deadline);
         }
-        if matches!(&found, Err(e) if e.is_connection()) || self.pools.unreachable(keys.lock()) {
+        if matches!(&found, Err(e) if e.is_connection()) || self.router.unreachable(keys.lock()) {
             // Redis did not answer: leaving here would wait for it again, past the caller's
             // timeout. Until the background thread gets through, a lock handed to us meanwhile
             // stays held until its lease runs out (it hands it on if it is still ours).
@@ -204,7 +204,7 @@ impl Locks {
                     // behind it on its connection) goes again, on the master the deployment
                     // names by then. The same owner id: should the lost attempt have granted
                     // on the old master and reached the new one, the retry finds it ours.
-                    Err(e) => match self.pools.ride(&mut ride, &e, deadline) {
+                    Err(e) => match self.router.ride(&mut ride, &e, deadline) {
                         Some(pause) => {
                             if pause_or_cancel(pause, options.cancel.as_ref()) {
                                 return Err(Error::Cancelled);
@@ -228,7 +228,7 @@ impl Locks {
                             // Its master's thread may be waiting for messages only: one wakes
                             // it to subscribe now. Unheard, it subscribes within a second.
                             let woken = self
-                                .pools
+                                .router
                                 .run_until(&wake, deadline, |con, _| listener::wake(con, &wake));
                             if let Err(e) = woken {
                                 log::debug!("fencelock: waking a shard listener failed: {e}");
@@ -304,7 +304,7 @@ impl Locks {
             // and WAIT counts only what its own connection wrote, so the extend re-arms the
             // lease on ours and WAITs behind it.
             let sent = Instant::now();
-            let confirmed = self.pools.run(keys.lock(), |con, _| match acks {
+            let confirmed = self.router.run(keys.lock(), |con, _| match acks {
                 Some(acks) => scripts::extend_acked(con, &keys, keys.owner(), lease, acks)
                     .map(|(ours, acked)| (ours, Some(acked))),
                 None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
@@ -377,7 +377,7 @@ impl Locks {
         let acks = self.config.replica_acks;
         let (sent, served) = (Instant::now(), Cell::new(None));
         let found =
-            self.pools
+            self.router
                 .run_until_noting(keys.lock(), deadline, &served, |con, run| {
                     // A first run may have queued us before its reply was lost: a grant on this run must
                     // take the entry out.
@@ -419,7 +419,7 @@ impl Locks {
         // a slow grant is taken only if the other nodes still name its node.
         if let (Acquire::Granted(token), Some(node)) = (found, served.get()) {
             if !self
-                .pools
+                .router
                 .trusted(keys.lock(), node, sent.elapsed(), deadline)
             {
                 log::warn!(

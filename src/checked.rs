@@ -2,7 +2,7 @@
 //! crossbeam's primitives, or Shuttle's when made inside a Shuttle execution, so that a model
 //! check controls and explores every interleaving of the critical sections and the waits. Outside
 //! one they are std's and crossbeam's, as in a build. Users: the local wait queues (`wait.rs`)
-//! and the unlock combiner (`pool/combine.rs`), which import these instead of std's only under
+//! and the unlock combiner (`net/pool/combine.rs`), which import these instead of std's only under
 //! `cfg(test)`.
 
 use std::ops::{Deref, DerefMut};

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Builder;
-use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::locks::Locks;
+use crate::net::connector::Connector;
 use crate::options::LockOptions;
 use crate::status::LockStatus;
 use crate::topology::Topology;
@@ -474,7 +474,7 @@ impl From<&LockClient> for FencedRedis {
     fn from(client: &LockClient) -> FencedRedis {
         FencedRedis::on_pool(
             client.namespace(),
-            Arc::clone(&client.locks.pools),
+            Arc::clone(&client.locks.router),
             client.locks.config.replica_acks,
         )
     }

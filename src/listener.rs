@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::connector::{Connector, Node};
+use crate::net::connector::{Connector, Node};
 use crate::token::FencingToken;
 use crate::wait::Waiters;
 
@@ -122,7 +122,7 @@ impl Listener<'_> {
                 Err(e) if e.is_timeout() => heard.elapsed() >= HEARTBEAT,
                 // A signal cut the read short; redis-rs keeps what it had read of the message.
                 // Signals coming faster than the heartbeat must not put off the heartbeat.
-                Err(e) if crate::wire::interrupted(&e) => heard.elapsed() >= HEARTBEAT,
+                Err(e) if crate::net::wire::interrupted(&e) => heard.elapsed() >= HEARTBEAT,
                 Err(e) => return Err(e),
             };
             if connector.epoch(Node::SINGLE) != epoch {

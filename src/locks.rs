@@ -25,11 +25,11 @@ use crossbeam_channel::Sender;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::{release_channel, LockKeys};
 use crate::listener::{self, Sharded};
-use crate::pools::Pools;
+use crate::net::connector::Connector;
+use crate::net::router::Router;
 use crate::quorum::Quorum;
 use crate::release::Later;
 use crate::renewal::{self, Renewal};
@@ -41,7 +41,7 @@ pub(crate) struct Locks {
     /// Every owner id of this client starts with this: a random id for the client, and `:`.
     pub(crate) owner_prefix: String,
     pub(crate) next_owner: AtomicU64,
-    pub(crate) pools: Arc<Pools>,
+    pub(crate) router: Arc<Router>,
     pub(crate) waiters: Arc<Waiters>,
     /// On a cluster, the subscriptions to the channels of the keys our waiters wait on.
     pub(crate) sharded: Option<Sharded>,
@@ -113,7 +113,7 @@ impl Locks {
         )
         .map_err(thread_error)?;
         Ok(Arc::new(Locks {
-            pools: Arc::new(Pools::new(
+            router: Arc::new(Router::new(
                 connector,
                 config.pool_size,
                 config.connection_timeout,

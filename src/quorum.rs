@@ -35,17 +35,17 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use redis::RedisError;
 
-use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::grant::{deadline_of, Grant, NewGrant};
 use crate::guard::LockGuard;
 use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::metrics;
+use crate::net::connector::Connector;
+use crate::net::wire::Arg;
 use crate::options::LockOptions;
 use crate::scripts::{self, Acquire};
 use crate::token::FencingToken;
-use crate::wire::Arg;
 
 use master::{Call, Masters, Reply};
 use renew::Renewal;
@@ -511,7 +511,7 @@ impl Quorum {
         let until = Instant::now() + self.response_timeout;
         let channel = wake::channel(&self.namespace, keys.tag());
         let mut packed = Vec::with_capacity(128);
-        crate::wire::pack(
+        crate::net::wire::pack(
             &mut packed,
             &[
                 Arg::Str("EVAL"),
@@ -558,7 +558,7 @@ impl Quorum {
     pub(crate) fn status(&self, keys: &LockKeys) -> Result<crate::LockStatus> {
         let until = Instant::now() + self.response_timeout;
         let mut packed = Vec::with_capacity(128);
-        crate::wire::pack(
+        crate::net::wire::pack(
             &mut packed,
             &[
                 Arg::Str("EVAL"),

@@ -19,7 +19,7 @@ use crate::grant::Grant;
 use crate::key::LockKeys;
 use crate::locks::Locks;
 use crate::metrics::{self, Op};
-use crate::pool::{self, Run};
+use crate::net::pool::{self, Run};
 use crate::scripts::{self, Leaving, OwnNext, Released};
 use crate::wait::{Left, Wake, LOCAL_RUN};
 
@@ -63,7 +63,7 @@ impl Locks {
     /// background thread when the client last failed to reach Redis, when the lock is already
     /// known lost (renewal failed, maybe against a frozen Redis: nobody waits on this release
     /// here), or when it was not sent because the unlocks just ahead of it got no reply (see
-    /// [`Unsent`](crate::pool::Unsent)). Failures are logged, never returned.
+    /// [`Unsent`](crate::net::pool::Unsent)). Failures are logged, never returned.
     pub(crate) fn release_on_drop(self: &Arc<Self>, grant: &Arc<Grant>) {
         let was_held = self.stop(grant);
         if let Some(quorum) = &self.quorum {
@@ -75,7 +75,7 @@ impl Locks {
             grant: Arc::clone(grant),
             was_held,
         };
-        if self.pools.unreachable(grant.keys.lock()) || !was_held {
+        if self.router.unreachable(grant.keys.lock()) || !was_held {
             self.later(later());
         } else if let Err(e) = self.give_back(grant, was_held) {
             if pool::unsent(&e) {
@@ -268,7 +268,7 @@ impl Locks {
     }
 
     /// [`hand_over`](Locks::hand_over) whose replies are awaited no later than `until` (see
-    /// [`Pool::run_as`](crate::pool::Pool::run_as)); sent alone, not with other unlocks.
+    /// [`Pool::run_as`](crate::net::pool::Pool::run_as)); sent alone, not with other unlocks.
     pub(crate) fn hand_over_until(
         &self,
         keys: &LockKeys,
@@ -318,16 +318,16 @@ impl Locks {
         let released = if leaving == Leaving::Forced {
             // Run once, never again on a fresh connection: a second run would take the lock
             // from the waiter the first one handed it to.
-            self.pools.run_once(keys.lock(), |con| {
+            self.router.run_once(keys.lock(), |con| {
                 scripts::release(con, keys, owner, leaving, next_ref)
             })
         } else if until.is_some() {
-            self.pools.run_until(keys.lock(), until, |con, run| {
+            self.router.run_until(keys.lock(), until, |con, run| {
                 reply_lost |= run == Run::Retry;
                 scripts::release(con, keys, owner, leaving, next_ref)
             })
         } else {
-            self.pools.run_combined(
+            self.router.run_combined(
                 keys.lock(),
                 scripts::pack_release(keys, owner, leaving, next_ref),
                 |reply| scripts::released(reply, keys),

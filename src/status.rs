@@ -67,7 +67,7 @@ impl Locks {
             return quorum.status(&keys);
         }
         let status = self
-            .pools
+            .router
             .run(keys.lock(), |con, _| scripts::status(con, &keys))?;
         Ok(LockStatus {
             held: status.held,

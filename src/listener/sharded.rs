@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use redis::{PushKind, RedisError, Value};
 
-use crate::connector::{Connector, Node, Redirect};
+use crate::net::connector::{Connector, Node, Redirect};
 use crate::wait::Waiters;
 
 /// How often a node's thread checks its keys' routes and lingering, and pings a quiet
@@ -170,7 +170,7 @@ impl Shared {
     }
 
     fn slot(&self, tag: &str) -> u16 {
-        crate::connector::slot(self.channel(tag).as_bytes())
+        crate::net::connector::slot(self.channel(tag).as_bytes())
     }
 
     fn tag_of<'c>(&self, channel: &'c str) -> Option<&'c str> {
@@ -378,7 +378,7 @@ impl NodeThread {
                 }
                 Ok(())
             }
-            Err(e) if e.is_timeout() || crate::wire::interrupted(&e) => Ok(()),
+            Err(e) if e.is_timeout() || crate::net::wire::interrupted(&e) => Ok(()),
             Err(e) if e.code().is_some() && !e.is_io_error() => {
                 self.heard();
                 self.refused(&e);
@@ -717,7 +717,7 @@ mod tests {
         let topology = crate::Topology::cluster(["redis://127.0.0.1:1"]);
         let connector = Connector::open(
             &topology,
-            &crate::tls::TlsSettings::default(),
+            &crate::net::tls::TlsSettings::default(),
             Duration::from_secs(1),
         )
         .unwrap();
@@ -741,7 +741,7 @@ mod tests {
             assert_eq!(shared.tag_of(&channel), Some(tag), "{channel}");
             assert_eq!(
                 shared.slot(tag),
-                crate::connector::slot(format!("ns:a:lock:{{{tag}}}").as_bytes()),
+                crate::net::connector::slot(format!("ns:a:lock:{{{tag}}}").as_bytes()),
                 "{channel}"
             );
         }

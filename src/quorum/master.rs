@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use redis::{RedisError, RedisResult, Script, Value};
 
-use crate::connector::Connector;
+use crate::net::connector::Connector;
+use crate::net::wire::{self, Interrupted};
 use crate::scripts;
-use crate::wire::{self, Interrupted};
 
 /// The most requests one pipeline carries.
 const MAX_BATCH: usize = 256;

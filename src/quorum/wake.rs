@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::connector::Connector;
+use crate::net::connector::Connector;
 
 /// How long a listener waits for a message before it checks its connection and its waiters.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -364,7 +364,7 @@ impl Listener {
                     }
                     false
                 }
-                Err(e) if e.is_timeout() || crate::wire::interrupted(&e) => {
+                Err(e) if e.is_timeout() || crate::net::wire::interrupted(&e) => {
                     heard.elapsed() >= HEARTBEAT
                 }
                 Err(e) => return Err(e),
