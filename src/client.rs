@@ -484,7 +484,9 @@ impl LockClient {
     ) -> Result<Option<ReentrantGuard>> {
         match reentrant::nested(self.identity(), &self.shared.keys(key)?)? {
             Ok(nested) => Ok(Some(nested)),
-            Err(id) => Ok(self.try_lock(key, timeout)?.map(|guard| reentrant::record(id, guard))),
+            Err(id) => Ok(self
+                .try_lock(key, timeout)?
+                .map(|guard| reentrant::record(id, guard))),
         }
     }
 

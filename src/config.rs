@@ -2,9 +2,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::key::validate_namespace;
+use crate::net::tls::TlsSettings;
 use crate::options::validate_lease;
 use crate::scripts::ReplicaAcks;
-use crate::tls::TlsSettings;
 use crate::topology::Topology;
 
 /// Largest pool accepted by [`Builder::pool_size`].

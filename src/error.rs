@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::tls::{HandshakeFailed, HANDSHAKE_FAILED};
+use crate::net::tls::{HandshakeFailed, HANDSHAKE_FAILED};
 
 /// The result type of every fallible fencelock call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

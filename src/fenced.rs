@@ -11,12 +11,12 @@ use std::time::Duration;
 use redis::{FromRedisValue, Script, Value};
 
 use crate::config::{validate_connections, validate_replica_acks};
-use crate::connector::Connector;
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
-use crate::pools::Pools;
+use crate::net::connector::Connector;
+use crate::net::router::Router;
+use crate::net::tls::TlsSettings;
 use crate::scripts::{self, ReplicaAcks};
-use crate::tls::TlsSettings;
 use crate::token::FencingToken;
 use crate::topology::Topology;
 
@@ -81,7 +81,7 @@ const POOL_SIZE: u32 = 16;
 #[derive(Clone)]
 pub struct FencedRedis {
     namespace: Arc<str>,
-    pool: Arc<Pools>,
+    router: Arc<Router>,
     /// `WAIT replicas timeout` behind every write, on its connection.
     replica_acks: Option<ReplicaAcks>,
 }
@@ -128,16 +128,16 @@ impl FencedRedis {
         }
     }
 
-    /// A store on `pool`'s connections, under `namespace`, waiting for `replica_acks` after each
+    /// A store on `router`'s connections, under `namespace`, waiting for `replica_acks` after each
     /// write (all already validated against the pool's response timeout).
     pub(crate) fn on_pool(
         namespace: &str,
-        pool: Arc<Pools>,
+        router: Arc<Router>,
         replica_acks: Option<ReplicaAcks>,
     ) -> FencedRedis {
         FencedRedis {
             namespace: Arc::from(namespace),
-            pool,
+            router,
             replica_acks,
         }
     }
@@ -165,7 +165,7 @@ impl FencedRedis {
         validate_namespace(namespace)?;
         Ok(FencedRedis {
             namespace: Arc::from(namespace),
-            pool: Arc::clone(&self.pool),
+            router: Arc::clone(&self.router),
             replica_acks: self.replica_acks,
         })
     }
@@ -218,7 +218,7 @@ impl FencedRedis {
     /// connection errors, timeouts, and [`Error::Redis`] if the value is not a string.
     pub fn get(&self, resource: &str) -> Result<Option<Vec<u8>>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        self.pool.run(&keys.data, |con, _retry| {
+        self.router.run(&keys.data, |con, _retry| {
             redis::cmd("GET").arg(&keys.data).query(con)
         })
     }
@@ -241,7 +241,7 @@ impl FencedRedis {
     /// [`get`](FencedRedis::get).
     pub fn get_i64(&self, resource: &str) -> Result<Option<i64>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        self.pool.run(&keys.data, |con, _retry| {
+        self.router.run(&keys.data, |con, _retry| {
             redis::cmd("GET").arg(&keys.data).query(con)
         })
     }
@@ -333,7 +333,7 @@ impl FencedRedis {
     /// As for [`get`](FencedRedis::get).
     pub fn highest_token(&self, resource: &str) -> Result<Option<FencingToken>> {
         let keys = ResourceKeys::new(&self.namespace, resource)?;
-        let highest: Option<u64> = self.pool.run(&keys.accepted, |con, _retry| {
+        let highest: Option<u64> = self.router.run(&keys.accepted, |con, _retry| {
             redis::cmd("GET").arg(&keys.accepted).query(con)
         })?;
         Ok(highest.map(FencingToken::from))
@@ -378,13 +378,13 @@ impl FencedRedis {
         // increment must not be applied twice.
         let (reply, acked) = match self.replica_acks {
             None => (
-                self.pool
+                self.router
                     .run_once(&keys.data, |con| call.invoke::<Value>(con))?,
                 None,
             ),
             Some(acks) => {
                 let packed = pack_acked(script, &keys, token, args, acks);
-                self.pool
+                self.router
                     .run_once(&keys.data, |con| acked_write(con, script, &packed))
                     .map(|(reply, acked)| (reply, Some(acked)))?
             }
@@ -614,7 +614,7 @@ impl FencedBuilder {
             self.response_timeout,
         )?;
         validate_replica_acks(self.replica_acks, self.response_timeout)?;
-        let pool = Pools::new(
+        let router = Router::new(
             connector,
             self.pool_size,
             self.connection_timeout,
@@ -622,7 +622,7 @@ impl FencedBuilder {
         );
         Ok(FencedRedis::on_pool(
             &self.namespace,
-            Arc::new(pool),
+            Arc::new(router),
             self.replica_acks,
         ))
     }

@@ -6,9 +6,9 @@ use crossbeam_channel::Receiver;
 
 use crate::error::Result;
 use crate::grant::Grant;
-use crate::shared::Shared;
 use crate::metrics::{self, Op};
 use crate::options::validate_lease;
+use crate::shared::Shared;
 use crate::token::FencingToken;
 
 /// A held lock. Releases it when dropped; [`unlock`](LockGuard::unlock) releases it and reports
@@ -119,7 +119,8 @@ impl LockGuard {
     /// acknowledged the extend in time (the lock stays held until the deadline it had before);
     /// connection errors and timeouts as for any command.
     pub fn extend(&self, lease: Duration) -> Result<()> {
-        let extended = validate_lease(lease).and_then(|()| self.shared.engine.extend(&self.grant, lease));
+        let extended =
+            validate_lease(lease).and_then(|()| self.shared.engine.extend(&self.grant, lease));
         metrics::outcome(self.grant.keys.namespace(), Op::Extend, &extended);
         extended
     }

@@ -357,7 +357,7 @@ mod grant;
 mod metrics;
 #[cfg(test)]
 mod model;
-// mod net; (shim below)
+mod net;
 mod scripts;
 // What a user configures and is told.
 mod config;
@@ -393,32 +393,3 @@ struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "tls"))]
 #[doc = include_str!("../docs/tls.md")]
 struct TlsDoctests;
-
-// TEMPORARY SHIM (removed when net/ lands)
-mod connector;
-mod pool;
-mod pools;
-mod tls;
-mod wire;
-#[cfg(test)]
-mod checked {
-    pub(crate) use crate::model::*;
-}
-mod net {
-    pub(crate) mod connector {
-        pub(crate) use crate::connector::*;
-    }
-    pub(crate) mod router {
-        pub(crate) use crate::pools::Pools as Router;
-        pub(crate) use crate::pools::*;
-    }
-    pub(crate) mod pool {
-        pub(crate) use crate::pool::*;
-    }
-    pub(crate) mod wire {
-        pub(crate) use crate::wire::*;
-    }
-    pub(crate) mod tls {
-        pub(crate) use crate::tls::*;
-    }
-}

@@ -68,8 +68,8 @@ pub struct ReentrantGuard {
 /// Another guard of this thread's hold of `key`, or, if it has none, the id under which to
 /// record a new one.
 pub(crate) fn nested(
-client: usize,
-keys: &LockKeys,
+    client: usize,
+    keys: &LockKeys,
 ) -> Result<std::result::Result<ReentrantGuard, HoldId>> {
     let id = (client, keys.tag().to_owned());
     // While the thread exits, its map is gone: no nesting to find, and none to record.

@@ -397,7 +397,7 @@ impl ClusterSpec {
                     return wrong(format!(
                         "the seed {} is not a redis:// or rediss:// URL (a cluster node is \
                          reached over TCP)",
-                        crate::connector::shown(url)
+                        crate::net::connector::shown(url)
                     ))
                 }
             }
@@ -412,7 +412,7 @@ impl ClusterSpec {
             );
         }
         for url in &self.seeds {
-            crate::connector::check(url)?;
+            crate::net::connector::check(url)?;
         }
         Ok(())
     }
@@ -443,10 +443,10 @@ impl QuorumSpec {
             if !matches!(scheme(url).as_deref(), Some("redis") | Some("rediss")) {
                 return wrong(format!(
                     "the master {} is not a redis:// or rediss:// URL",
-                    crate::connector::shown(url)
+                    crate::net::connector::shown(url)
                 ));
             }
-            crate::connector::check(url)?;
+            crate::net::connector::check(url)?;
         }
         if self
             .nodes
@@ -543,7 +543,7 @@ impl FromStr for Topology {
                 kind: Kind::Quorum(spec?),
             });
         }
-        crate::connector::check(url)?;
+        crate::net::connector::check(url)?;
         Ok(Topology::single(url))
     }
 }
@@ -552,7 +552,7 @@ impl fmt::Display for Topology {
     /// The URL form, without passwords.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Url(url) => f.write_str(&crate::connector::shown(url)),
+            Kind::Url(url) => f.write_str(&crate::net::connector::shown(url)),
             Kind::Sentinel(spec) => {
                 let scheme = if spec.tls() {
                     "rediss+sentinel"
@@ -586,7 +586,7 @@ impl fmt::Display for Topology {
                 };
                 write!(f, "{scheme}://")?;
                 if let Some(first) = spec.seeds.first() {
-                    let shown = crate::connector::shown(first);
+                    let shown = crate::net::connector::shown(first);
                     let rest = shown.split_once("://").map_or("", |(_, r)| r);
                     if let Some((info, _)) = rest.rsplit_once('@') {
                         write!(f, "{info}@")?;
@@ -606,7 +606,7 @@ impl fmt::Display for Topology {
                 let shown: Vec<String> = spec
                     .nodes
                     .iter()
-                    .map(|u| crate::connector::shown(u))
+                    .map(|u| crate::net::connector::shown(u))
                     .collect();
                 let split = |u: &str| -> (String, String, String) {
                     let rest = u.split_once("://").map_or(u, |(_, r)| r);
@@ -704,11 +704,11 @@ fn parse_sentinel_rest(url: &str, rest: &str, tls: bool) -> Result<SentinelSpec>
     let wrong = |what: String| {
         Error::invalid(
             "url",
-            format!("{}: {what}; {FORM}", crate::connector::shown(url)),
+            format!("{}: {what}; {FORM}", crate::net::connector::shown(url)),
         )
     };
     if tls && !cfg!(feature = "tls") {
-        return Err(Error::invalid("url", crate::connector::TLS_IS_OFF));
+        return Err(Error::invalid("url", crate::net::connector::TLS_IS_OFF));
     }
     let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
     if before_query.contains('#') || query.contains('#') {
@@ -863,11 +863,14 @@ fn parse_hosts_url(
     let wrong = |what: String| {
         Err(Error::invalid(
             "url",
-            format!("{}: {what}; {form}", crate::connector::shown(url)),
+            format!("{}: {what}; {form}", crate::net::connector::shown(url)),
         ))
     };
     if tls && !cfg!(feature = "tls") {
-        return Some(Err(Error::invalid("url", crate::connector::TLS_IS_OFF)));
+        return Some(Err(Error::invalid(
+            "url",
+            crate::net::connector::TLS_IS_OFF,
+        )));
     }
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, after) = rest.split_at(end);

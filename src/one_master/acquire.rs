@@ -177,8 +177,7 @@ fn wait_for_grant(
                 }
                 Acquire::Held(pttl) => {
                     ticket.refused();
-                    if let Some(wake) = m.sharded.as_ref().and_then(|s| s.watch(keys.tag()))
-                    {
+                    if let Some(wake) = m.sharded.as_ref().and_then(|s| s.watch(keys.tag())) {
                         // Its master's thread may be waiting for messages only: one wakes
                         // it to subscribe now. Unheard, it subscribes within a second.
                         let woken = m
@@ -192,8 +191,7 @@ fn wait_for_grant(
                     // Never later than a handoff's lease: the holder may meanwhile have
                     // handed the lock to a waiter ahead of us that died, whose grant runs out
                     // after that long without a release to wake us.
-                    let after =
-                        pttl.unwrap_or(lease).min(HANDOFF_LEASE) + Duration::from_millis(1);
+                    let after = pttl.unwrap_or(lease).min(HANDOFF_LEASE) + Duration::from_millis(1);
                     holder_expiry = Instant::now().checked_add(after);
                 }
             }
@@ -208,8 +206,8 @@ fn wait_for_grant(
                         Wake::Attempt => attempt_now = true,
                         Wake::Queued { retry_after, since } => {
                             ticket.queued(since);
-                            holder_expiry = Instant::now()
-                                .checked_add(retry_after + Duration::from_millis(1));
+                            holder_expiry =
+                                Instant::now().checked_add(retry_after + Duration::from_millis(1));
                         }
                     }
                 }
@@ -270,9 +268,14 @@ fn accept(
                 // only by a release or a loss: release it in our name. That frees the lock
                 // or hands it on if it is still ours (an extend that timed out may have
                 // run), and wakes our next waiter either way.
-                if let Err(e) =
-                    release::hand_over(m, &keys, keys.owner(), Leaving::QueueAndLock, MAX_LOCAL_RUN, None)
-                {
+                if let Err(e) = release::hand_over(
+                    m,
+                    &keys,
+                    keys.owner(),
+                    Leaving::QueueAndLock,
+                    MAX_LOCAL_RUN,
+                    None,
+                ) {
                     log::warn!(
                         "fencelock: giving back an unconfirmed handoff of {:?} failed, it \
                          expires with its lease: {e}",
@@ -330,44 +333,42 @@ fn attempt(
 ) -> Result<Acquire> {
     let acks = m.config.replica_acks;
     let (sent, served) = (Instant::now(), Cell::new(None));
-    let found =
-        m.router
-            .run_until_noting(keys.lock(), deadline, &served, |con, run| {
-                // A first run may have queued us before its reply was lost: a grant on this run must
-                // take the entry out.
-                let queue = match queue {
-                    JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
-                    queue => queue,
-                };
-                match scripts::acquire(con, keys, owner, lease, queue, acks) {
-                    Err(e) if e.is_timeout() => {
-                        // The script may still run and grant us the lock we are about to report as
-                        // not taken. A release sent on the same connection runs after it, whatever
-                        // it did, and takes us out of the queue. (A retry of the whole closure after
-                        // a broken connection is safe too: the script treats a lock already ours as
-                        // granted.)
-                        // Its reply is of no use, and Redis is slow: wait for it only briefly, so that
-                        // the caller's timeout holds. The connection is discarded either way.
-                        let _ = con.set_read_timeout(Some(MIN_READ));
-                        let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
-                        Err(e)
-                    }
-                    Err(e) => Err(e),
-                    Ok((found, acked)) => match (found, acks, acked) {
-                        (Acquire::Granted(_), Some(acks), Some(acked))
-                            if acked < acks.replicas =>
-                        {
-                            // Too few replicas have it, so a failover could lose it: give it back.
-                            scripts::release(con, keys, owner, Leaving::Lock, None)?;
-                            Ok(Err(Error::NotReplicated {
-                                acked,
-                                required: acks.replicas,
-                            }))
-                        }
-                        (found, ..) => Ok(Ok(found)),
-                    },
+    let found = m
+        .router
+        .run_until_noting(keys.lock(), deadline, &served, |con, run| {
+            // A first run may have queued us before its reply was lost: a grant on this run must
+            // take the entry out.
+            let queue = match queue {
+                JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
+                queue => queue,
+            };
+            match scripts::acquire(con, keys, owner, lease, queue, acks) {
+                Err(e) if e.is_timeout() => {
+                    // The script may still run and grant us the lock we are about to report as
+                    // not taken. A release sent on the same connection runs after it, whatever
+                    // it did, and takes us out of the queue. (A retry of the whole closure after
+                    // a broken connection is safe too: the script treats a lock already ours as
+                    // granted.)
+                    // Its reply is of no use, and Redis is slow: wait for it only briefly, so that
+                    // the caller's timeout holds. The connection is discarded either way.
+                    let _ = con.set_read_timeout(Some(MIN_READ));
+                    let _ = scripts::release(con, keys, owner, Leaving::QueueAndLock, None);
+                    Err(e)
                 }
-            })??;
+                Err(e) => Err(e),
+                Ok((found, acked)) => match (found, acks, acked) {
+                    (Acquire::Granted(_), Some(acks), Some(acked)) if acked < acks.replicas => {
+                        // Too few replicas have it, so a failover could lose it: give it back.
+                        scripts::release(con, keys, owner, Leaving::Lock, None)?;
+                        Ok(Err(Error::NotReplicated {
+                            acked,
+                            required: acks.replicas,
+                        }))
+                    }
+                    (found, ..) => Ok(Ok(found)),
+                },
+            }
+        })??;
     // A cluster master frozen while its replica took over answers what waited in its socket
     // when it wakes, before it learns that it was replaced, and then drops what that wrote:
     // a slow grant is taken only if the other nodes still name its node.

@@ -15,9 +15,9 @@ use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::wait::Waiters;
 use crate::net::connector::{Connector, Node};
 use crate::token::FencingToken;
-use super::wait::Waiters;
 
 /// How often an idle pub/sub connection is checked with a PING, and how often the listener
 /// notices that its client is gone.

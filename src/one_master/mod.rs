@@ -191,8 +191,14 @@ impl OneMaster {
 
     /// See [`Engine::force_unlock`](crate::engine::Engine::force_unlock).
     pub(crate) fn force_unlock(&self, keys: &LockKeys) -> Result<bool> {
-        let (released, _) =
-            release::hand_over(self, keys, self.owners.prefix(), Leaving::Forced, MAX_LOCAL_RUN, None)?;
+        let (released, _) = release::hand_over(
+            self,
+            keys,
+            self.owners.prefix(),
+            Leaving::Forced,
+            MAX_LOCAL_RUN,
+            None,
+        )?;
         Ok(!matches!(released, Released::NotOurs))
     }
 

@@ -89,9 +89,14 @@ fn run(m: &OneMaster, task: Task) {
             }
         }
         Task::Leave { keys } => {
-            if let Err(e) =
-                hand_over(m, &keys, keys.owner(), Leaving::QueueAndLock, MAX_LOCAL_RUN, None)
-            {
+            if let Err(e) = hand_over(
+                m,
+                &keys,
+                keys.owner(),
+                Leaving::QueueAndLock,
+                MAX_LOCAL_RUN,
+                None,
+            ) {
                 log::warn!(
                     "fencelock: leaving the queue of {:?} failed: {e}",
                     keys.user()
@@ -104,7 +109,8 @@ fn run(m: &OneMaster, task: Task) {
 /// The release in Redis of a grant already stopped here.
 pub(super) fn release(m: &OneMaster, grant: &Grant, was_held: bool) -> Result<()> {
     let user = grant.keys.user();
-    let (released, reply_lost) = match hand_over(m, 
+    let (released, reply_lost) = match hand_over(
+        m,
         &grant.keys,
         grant.keys.owner(),
         if grant.queued {
@@ -295,7 +301,11 @@ fn hand_over_once(
                     since: sent,
                 };
                 if let Err(Left::WithoutGrant) = m.waiters.deliver_to(&next, wake) {
-                    runs.push((next.owner().to_owned(), Leaving::QueueAndLock, MAX_LOCAL_RUN));
+                    runs.push((
+                        next.owner().to_owned(),
+                        Leaving::QueueAndLock,
+                        MAX_LOCAL_RUN,
+                    ));
                 }
             }
         }

@@ -28,12 +28,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::net::connector::{Connector, Node, Redirect};
 use crate::error::Error;
 use crate::grant::Grant;
 use crate::metrics;
-use crate::scripts::{self, ReplicaAcks};
+use crate::net::connector::{Connector, Node, Redirect};
 use crate::net::wire::{self, Arg, Interrupted};
+use crate::scripts::{self, ReplicaAcks};
 
 mod schedule;
 

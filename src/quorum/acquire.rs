@@ -287,9 +287,10 @@ fn attempt(
         // Refusals by several owners are other attempts (or what failed attempts left, being
         // released unannounced): nobody may hold the lock, and nobody will say when it is
         // free, so that is a split.
-        let holder = held.iter().filter_map(|(_, h)| h.as_ref()).find(|h| {
-            held.iter().filter(|(_, o)| o.as_ref() == Some(*h)).count() >= q.majority
-        });
+        let holder = held
+            .iter()
+            .filter_map(|(_, h)| h.as_ref())
+            .find(|h| held.iter().filter(|(_, o)| o.as_ref() == Some(*h)).count() >= q.majority);
         if let Some(holder) = holder {
             let mut pttls: Vec<Option<Duration>> = held
                 .iter()
@@ -376,7 +377,6 @@ fn attempt(
     }
     Ok(Attempt::Granted(token, t0))
 }
-
 
 /// The shortest random pause after an attempt that found no majority either way, and the
 /// longest for the first; it doubles with each such attempt in a row, up to `MAX_SPLIT_PAUSE`.

@@ -35,8 +35,8 @@ use crossbeam_channel::{Receiver, Sender};
 use redis::{RedisError, RedisResult, Script, Value};
 
 use crate::net::connector::Connector;
-use crate::scripts;
 use crate::net::wire::{self, Interrupted};
+use crate::scripts;
 
 /// The most requests one pipeline carries.
 const MAX_BATCH: usize = 256;

@@ -279,7 +279,6 @@ impl Quorum {
         }
         tally
     }
-
 }
 
 /// The `1`s, `0`s and failures among the replies to one call sent to every master.

@@ -34,7 +34,6 @@ pub(super) fn give_up(q: &Quorum, keys: &LockKeys, lease: Duration, tell: bool) 
     );
 }
 
-
 /// The release of a grant whose holder waits for the answer (`unlock`), a response timeout at
 /// most.
 pub(super) fn give_back(q: &Quorum, grant: &Grant) -> Result<()> {
@@ -63,8 +62,8 @@ pub(super) fn give_back(q: &Quorum, grant: &Grant) -> Result<()> {
 pub(super) fn release(q: &Quorum, keys: &LockKeys, wait: Option<Instant>) -> Option<Result<bool>> {
     let channel = wait::channel(&q.namespace, keys.tag());
     // A drop waits for nothing: the release is worth sending while the lease may last.
-    let expires = wait
-        .unwrap_or_else(|| Instant::now() + q.response_timeout.max(Duration::from_secs(5)));
+    let expires =
+        wait.unwrap_or_else(|| Instant::now() + q.response_timeout.max(Duration::from_secs(5)));
     let rx = q.ask(
         q.all(),
         &scripts::QUORUM_RELEASE,
@@ -98,7 +97,6 @@ pub(super) fn release(q: &Quorum, keys: &LockKeys, wait: Option<Instant>) -> Opt
         )),
     })
 }
-
 
 /// Deletes the lock on every master, whoever holds it; whether a majority held it. Never
 /// sent twice to one master: a second run could delete a grant made after the first.
@@ -141,7 +139,6 @@ pub(super) fn force_unlock(q: &Quorum, keys: &LockKeys) -> Result<bool> {
     }
     Ok(deleted >= q.majority)
 }
-
 
 /// A release call of `keys.owner()`, telling `channel` (nobody if empty).
 fn release_call(keys: &LockKeys, channel: &str) -> Vec<u8> {

@@ -309,4 +309,3 @@ pub(super) fn extend(q: &Quorum, grant: &Grant, lease: Duration) -> Result<()> {
         None => Error::Timeout("no majority of the masters answered in time".into()),
     })
 }
-

@@ -299,7 +299,10 @@ impl Listener {
                 let Some(waiters) = self.waiters.upgrade() else {
                     return;
                 };
-                let waiting = waiters.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                let waiting = waiters
+                    .waiting
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 if *waiting > 0 {
                     break;
                 }
@@ -358,7 +361,8 @@ impl Listener {
                     heard = Instant::now();
                     match self.waiters.upgrade() {
                         Some(waiters) => {
-                            waiters.heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
+                            waiters
+                                .heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
                         }
                         None => return Ok(()),
                     }

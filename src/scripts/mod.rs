@@ -20,8 +20,8 @@ use std::time::Duration;
 use redis::{RedisResult, Script, Value};
 
 use crate::key::LockKeys;
+use crate::net::wire::{self, Arg, Interrupted};
 use crate::token::FencingToken;
-use crate::wire::{self, Arg, Interrupted};
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(

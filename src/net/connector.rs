@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
-use crate::tls::TlsSettings;
+use crate::net::tls::TlsSettings;
 use crate::topology::{Kind, Topology};
 
 mod cluster;
@@ -438,8 +438,8 @@ fn client(url: &str, tls: &TlsSettings) -> Result<redis::Client> {
                 ),
             ));
         }
-        crate::tls::check_server_name(host).map_err(|why| Error::invalid("url", why))?;
-        return crate::tls::client(info, tls);
+        crate::net::tls::check_server_name(host).map_err(|why| Error::invalid("url", why))?;
+        return crate::net::tls::client(info, tls);
     }
     if tls.is_set() {
         return Err(Error::invalid(

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, Value};
 
 use crate::error::Result;
-use crate::tls::TlsSettings;
+use crate::net::tls::TlsSettings;
 use crate::topology::SentinelSpec;
 
 /// How often the watcher asks its sentinel for the master and the master for its role.
@@ -418,7 +418,7 @@ impl State {
                     if e.to_string().contains(NOT_A_SENTINEL) {
                         not_sentinels += 1;
                     }
-                    match crate::tls::HandshakeFailed::from_connect(e) {
+                    match crate::net::tls::HandshakeFailed::from_connect(e) {
                         Ok(failed) => {
                             handshakes += 1;
                             failures.push(format!("{}: {failed}", sentinel.shown));
@@ -462,7 +462,7 @@ impl State {
             // Which hint fits: a set-up refused for its credentials, or servers that are not
             // sentinels, or a name they do not know.
             let what = if handshakes == sentinels.len() {
-                crate::tls::HANDSHAKE_FAILED
+                crate::net::tls::HANDSHAKE_FAILED
             } else if not_sentinels == sentinels.len() {
                 crate::error::NOT_SENTINELS
             } else if unknown > 0 && unknown + not_sentinels == sentinels.len() {
@@ -570,7 +570,7 @@ impl State {
             .set_redis_settings(self.template.clone());
         match &self.tls {
             None => redis::Client::open(info),
-            Some(tls) => crate::tls::client(info, tls).map_err(|e| {
+            Some(tls) => crate::net::tls::client(info, tls).map_err(|e| {
                 RedisError::from((
                     ErrorKind::InvalidClientConfig,
                     "TLS settings",
@@ -783,7 +783,7 @@ fn follow(
                         .unwrap_or_else(Instant::now);
                 }
             }
-            Err(e) if e.is_timeout() || crate::wire::interrupted(&e) => {}
+            Err(e) if e.is_timeout() || crate::net::wire::interrupted(&e) => {}
             Err(e) => return Err(e),
         }
         if checked.elapsed() < CHECK {

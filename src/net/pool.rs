@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisError, Value};
 
-use crate::connector::{Connector, Node};
-use crate::wire::{self, Interrupted};
+use crate::net::connector::{Connector, Node};
+use crate::net::wire::{self, Interrupted};
 
 use crate::error::{Error, Result};
 

@@ -24,7 +24,7 @@ use std::sync::PoisonError;
 use std::sync::{Mutex, MutexGuard};
 
 #[cfg(test)]
-use crate::checked::{bounded, Mutex, MutexGuard, Sender};
+use crate::model::{bounded, Mutex, MutexGuard, Sender};
 
 /// Calls waiting to go out together.
 pub(crate) struct Combiner<T, R> {

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::connector::{Connector, Node, Redirect};
 use crate::error::{Error, Result};
-use crate::pool::{Pool, Run};
+use crate::net::connector::{Connector, Node, Redirect};
+use crate::net::pool::{Pool, Run};
 
 /// How long a lock call without a deadline (`lock`) goes on looking for a master that stopped
 /// answering, counted from its first failure: long enough for a failover under the
@@ -49,7 +49,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_millis(100);
 
 /// The pools of one client (or fenced store): one per node, made when first needed.
-pub(crate) struct Pools {
+pub(crate) struct Router {
     connector: Arc<Connector>,
     size: u32,
     connection_timeout: Duration,
@@ -57,14 +57,14 @@ pub(crate) struct Pools {
     by_node: RwLock<HashMap<Node, Arc<Pool>>>,
 }
 
-impl Pools {
+impl Router {
     pub(crate) fn new(
         connector: Arc<Connector>,
         size: u32,
         connection_timeout: Duration,
         response_timeout: Duration,
-    ) -> Pools {
-        Pools {
+    ) -> Router {
+        Router {
             connector,
             size,
             connection_timeout,
@@ -118,7 +118,7 @@ impl Pools {
         let until = deadline.unwrap_or(first + FAILOVER_PATIENCE);
         let pause = ride.pause.max(FIRST_RIDE_PAUSE);
         // Time for the pause and a reply after it, or the error stands.
-        if until.saturating_duration_since(now) <= pause + crate::pool::MIN_READ {
+        if until.saturating_duration_since(now) <= pause + crate::net::pool::MIN_READ {
             return None;
         }
         ride.pause = (pause * 2).min(MAX_RIDE_PAUSE);
@@ -151,7 +151,7 @@ impl Pools {
         self.run_until_noting(key, deadline, &Cell::new(None), f)
     }
 
-    /// [`run_until`](Pools::run_until), noting in `served` the node of the last run.
+    /// [`run_until`](Router::run_until), noting in `served` the node of the last run.
     pub(crate) fn run_until_noting<T>(
         &self,
         key: &str,
@@ -301,7 +301,7 @@ impl Pools {
     }
 }
 
-/// A lock call's failures so far, for [`Pools::ride`].
+/// A lock call's failures so far, for [`Router::ride`].
 #[derive(Debug, Default)]
 pub(crate) struct Ride {
     first: Option<Instant>,

@@ -14,7 +14,7 @@
 //!                                 asked last
 //! ```
 //!
-//! Redirects (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`) are followed by the pools (`pools.rs`)
+//! Redirects (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`) are followed by the router (`router.rs`)
 //! and the renewal thread; this file keeps the map and the nodes. A node is named by its
 //! address: a [`Node`] number, once given to an address, stays with it, so a pool or a renewal
 //! connection for a node never goes to another server. A master that became a replica answers
@@ -29,7 +29,7 @@ use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
 use super::Node;
 use crate::error::{Error, Result};
-use crate::tls::TlsSettings;
+use crate::net::tls::TlsSettings;
 use crate::topology::ClusterSpec;
 
 /// The number of hash slots of a Redis Cluster.
@@ -628,7 +628,7 @@ impl Cluster {
         let info = self.template.clone().set_addr(addr);
         match &self.tls {
             None => redis::Client::open(info),
-            Some(tls) => crate::tls::client(info, tls).map_err(|e| {
+            Some(tls) => crate::net::tls::client(info, tls).map_err(|e| {
                 RedisError::from((
                     ErrorKind::InvalidClientConfig,
                     "TLS settings",

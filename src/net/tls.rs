@@ -99,7 +99,10 @@ pub(crate) use imp::{check_server_name, client};
 /// Without the feature `connector.rs` refuses `rediss://` before it gets here.
 #[cfg(not(feature = "tls"))]
 pub(crate) fn client(_: redis::ConnectionInfo, _: &TlsSettings) -> crate::Result<redis::Client> {
-    Err(crate::Error::invalid("url", crate::connector::TLS_IS_OFF))
+    Err(crate::Error::invalid(
+        "url",
+        crate::net::connector::TLS_IS_OFF,
+    ))
 }
 
 /// Without the feature there is no certificate to check a host name against.
