@@ -6,14 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Builder;
-use crate::engine::Deadline;
 use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::key::LockKeys;
 use crate::metrics::{self, Since};
 use crate::net::connector::Connector;
-use crate::options::LockOptions;
+use crate::options::{Deadline, LockOptions};
 use crate::reentrant::{self, ReentrantGuard};
 use crate::shared::Shared;
 use crate::status::LockStatus;
@@ -280,7 +279,7 @@ impl LockClient {
     where
         E: From<Error>,
     {
-        self.try_with_lock_with(key, timeout, &LockOptions::new(), f)
+        self.try_with_lock_options(key, timeout, &LockOptions::new(), f)
     }
 
     /// [`with_lock`](LockClient::with_lock) with per-call [`LockOptions`], as
@@ -295,7 +294,7 @@ impl LockClient {
     /// let options = LockOptions::new()
     ///     .lease(Duration::from_secs(5))
     ///     .max_hold(Duration::from_secs(60));
-    /// client.with_lock_with("rebuild-index", &options, |guard| {
+    /// client.with_lock_options("rebuild-index", &options, |guard| {
     ///     // ... at most a minute of work, checking guard.is_held() between steps ...
     ///     # let _ = guard;
     ///     Ok::<_, fencelock::Error>(())
@@ -305,7 +304,7 @@ impl LockClient {
     ///
     /// # Errors
     /// As for [`with_lock`](LockClient::with_lock) and [`lock_with`](LockClient::lock_with).
-    pub fn with_lock_with<T, E>(
+    pub fn with_lock_options<T, E>(
         &self,
         key: &str,
         options: &LockOptions,
@@ -327,7 +326,7 @@ impl LockClient {
     ///
     /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
     /// let short = LockOptions::new().lease(Duration::from_secs(2));
-    /// let done = client.try_with_lock_with("cache:warm", Duration::ZERO, &short, |_guard| {
+    /// let done = client.try_with_lock_options("cache:warm", Duration::ZERO, &short, |_guard| {
     ///     Ok::<_, fencelock::Error>("warmed")
     /// })?;
     /// assert!(matches!(done, Some("warmed") | None));
@@ -335,8 +334,8 @@ impl LockClient {
     /// ```
     ///
     /// # Errors
-    /// As for [`with_lock_with`](LockClient::with_lock_with).
-    pub fn try_with_lock_with<T, E>(
+    /// As for [`with_lock_options`](LockClient::with_lock_options).
+    pub fn try_with_lock_options<T, E>(
         &self,
         key: &str,
         timeout: Duration,

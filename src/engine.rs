@@ -18,7 +18,7 @@
 //! over any engine.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::Config;
 use crate::error::Result;
@@ -27,7 +27,7 @@ use crate::key::LockKeys;
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::one_master::OneMaster;
-use crate::options::LockOptions;
+use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
 use crate::status::LockStatus;
 
@@ -35,16 +35,6 @@ use crate::status::LockStatus;
 pub(crate) enum Engine {
     OneMaster(Arc<OneMaster>),
     Quorum(Arc<Quorum>),
-}
-
-/// How long a lock call may wait for its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deadline {
-    /// One attempt, no waiting (`try_lock` with a zero timeout).
-    Now,
-    At(Instant),
-    /// Until granted (`lock`).
-    Never,
 }
 
 impl Engine {

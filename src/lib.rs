@@ -157,7 +157,7 @@
 //! panic. The closure returns a `Result` in your own error type, and fencelock's errors convert
 //! into it (`E: From<fencelock::Error>`), as with diesel's `transaction`: `?` works inside the
 //! closure and on the call. [`LockClient::try_with_lock`] waits at most a timeout, and
-//! [`LockClient::with_lock_with`] and [`LockClient::try_with_lock_with`] take options.
+//! [`LockClient::with_lock_options`] and [`LockClient::try_with_lock_options`] take options.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {
@@ -167,7 +167,7 @@
 //! let client = LockClient::new("redis://127.0.0.1:6379/")?;
 //! let store = FencedRedis::from(&client);
 //! let options = LockOptions::new().lease(Duration::from_secs(5));
-//! let left = client.with_lock_with("stock:7", &options, |guard| {
+//! let left = client.with_lock_options("stock:7", &options, |guard| {
 //!     store.incr_by("stock:7", guard.token(), -1)
 //! })?;
 //! # let _ = left;

@@ -1,4 +1,4 @@
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 
@@ -95,6 +95,16 @@ impl LockOptions {
         }
         Ok(())
     }
+}
+
+/// How long a lock call may wait for its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// One attempt, no waiting (`try_lock` with a zero timeout).
+    Now,
+    At(Instant),
+    /// Until granted (`lock`).
+    Never,
 }
 
 /// Checks a lease: whole milliseconds from [`MIN_LEASE`] to [`MAX_LEASE`].

@@ -25,13 +25,12 @@ use crossbeam_channel::{RecvTimeoutError, Sender};
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::engine::Deadline;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant};
 use crate::key::{release_channel, LockKeys, Owners};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
-use crate::options::LockOptions;
+use crate::options::{Deadline, LockOptions};
 use crate::scripts::{self, Leaving, Released};
 use crate::status::LockStatus;
 

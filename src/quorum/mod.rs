@@ -50,13 +50,12 @@ use redis::RedisError;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::engine::Deadline;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant};
 use crate::key::{LockKeys, Owners};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
-use crate::options::LockOptions;
+use crate::options::{Deadline, LockOptions};
 use crate::scripts;
 use crate::status::LockStatus;
 
