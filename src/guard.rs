@@ -1,3 +1,7 @@
+//! [`LockGuard`]: one grant, held. Written once over any engine: extending and releasing go to
+//! the client's engine (`engine.rs`), which the guard holds a share of, as `lock_api` guards hold
+//! their raw lock.
+
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
