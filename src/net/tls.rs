@@ -4,7 +4,7 @@
 //! The handshake itself is redis-rs' (rustls). It verifies the server's certificate chain up to
 //! a trusted root, its validity period, and that it names the URL's host; it runs inside the
 //! connection's set-up, so the connection timeout bounds it. Without the feature only the empty
-//! settings exist: `connector.rs` refuses `rediss://` URLs and the builders have no TLS setters.
+//! settings exist: `url.rs` refuses `rediss://` URLs and the builders have no TLS setters.
 
 use std::fmt;
 
@@ -13,6 +13,10 @@ use std::fmt;
 ///
 /// [`Error::Rejected`]: crate::Error::Rejected
 pub(crate) const HANDSHAKE_FAILED: &str = "the TLS handshake failed";
+
+/// Why a `rediss://` URL is refused without the `tls` feature.
+pub(crate) const TLS_IS_OFF: &str =
+    "TLS (rediss://) is off: build with the `tls` feature (features = [\"tls\"] in Cargo.toml)";
 
 /// The TLS settings of one client or store: which CAs it trusts, and the certificate it shows a
 /// server that asks for one. Empty by default: the default roots, no client certificate.
@@ -96,13 +100,10 @@ impl std::error::Error for HandshakeFailed {
 #[cfg(feature = "tls")]
 pub(crate) use imp::{check_server_name, client};
 
-/// Without the feature `connector.rs` refuses `rediss://` before it gets here.
+/// Without the feature `url.rs` refuses `rediss://` before it gets here.
 #[cfg(not(feature = "tls"))]
 pub(crate) fn client(_: redis::ConnectionInfo, _: &TlsSettings) -> crate::Result<redis::Client> {
-    Err(crate::Error::invalid(
-        "url",
-        crate::net::connector::TLS_IS_OFF,
-    ))
+    Err(crate::Error::invalid("url", TLS_IS_OFF))
 }
 
 /// Without the feature there is no certificate to check a host name against.

@@ -112,8 +112,8 @@ impl Sentinel {
         let mut sentinels = Vec::with_capacity(spec.sentinels.len());
         for url in &spec.sentinels {
             sentinels.push(Addressed {
-                shown: super::shown(url),
-                client: super::client(url, tls)?,
+                shown: crate::net::url::shown(url),
+                client: crate::net::url::client(url, tls)?,
                 asking: Arc::default(),
             });
         }
