@@ -214,7 +214,7 @@ impl Quorum {
             &keys.all(),
             &[
                 Arg::Str(keys.owner()),
-                Arg::Int(scripts::millis(lease)),
+                Arg::Int(crate::key::millis(lease)),
                 // Never queued; a refusal names the holder.
                 Arg::Str("h"),
                 Arg::Int(keys.idle_ms()),
@@ -328,7 +328,7 @@ impl Quorum {
             &[
                 Arg::Str(keys.owner()),
                 Arg::Str(&digits),
-                Arg::Int(scripts::millis(lease)),
+                Arg::Int(crate::key::millis(lease)),
                 Arg::Int(keys.idle_ms()),
             ],
         );

@@ -20,9 +20,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::key::LockKeys;
-use crate::net::tls::TlsSettings;
+use crate::net::tls::{HandshakeFailed, TlsSettings};
 use crate::net::url;
 use crate::topology::{Kind, Topology};
 
@@ -397,6 +397,37 @@ fn open(
         redis::cmd("PING").query::<()>(&mut con)?;
     }
     Ok(con)
+}
+
+/// A failed connection attempt as an error: refused or timed out (an outage, worth retrying
+/// later), or rejected by the server during the set-up, or a failed TLS handshake (a
+/// configuration error, not worth it).
+pub(crate) fn connect_error(e: redis::RedisError) -> Error {
+    // Before the I/O errors: redis-rs reports a failed handshake as an I/O error.
+    let e = match HandshakeFailed::from_connect(e) {
+        Ok(failed) => return Error::Rejected(Box::new(failed)),
+        Err(e) => e,
+    };
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+        );
+    // redis-rs wraps a failed SELECT in a message of its own, dropping the reply's code:
+    // a server busy with a script or still loading is an outage all the same.
+    let detail = e.detail().unwrap_or_default().to_ascii_lowercase();
+    let busy = detail.contains("busy") || detail.contains("loading");
+    if e.is_timeout() {
+        // Nothing was sent: unlike a command's timeout, nothing may have run.
+        Error::Connection(Box::new(e))
+    } else if transient || busy {
+        Error::from_redis(e)
+    } else {
+        Error::Rejected(Box::new(e))
+    }
 }
 
 use sentinel::is_refusal;
