@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::key::validate_namespace;
+use crate::key::{validate_namespace, DEFAULT_IDLE_EXPIRY};
 use crate::net::tls::TlsSettings;
 use crate::options::validate_lease;
 use crate::scripts::ReplicaAcks;
@@ -11,8 +11,6 @@ use crate::topology::Topology;
 pub const MAX_POOL_SIZE: u32 = 1024;
 /// Longest connection or response timeout accepted.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
-/// The idle expiry of a client whose builder did not set one.
-pub(crate) const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(24 * 60 * 60);
 /// Shortest idle expiry accepted by [`Builder::idle_expiry`].
 pub const MIN_IDLE_EXPIRY: Duration = Duration::from_secs(1);
 /// Longest idle expiry accepted by [`Builder::idle_expiry`]: ten years (of 365 days).

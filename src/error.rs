@@ -1,7 +1,5 @@
 use std::time::Duration;
 
-use crate::net::tls::{HandshakeFailed, HANDSHAKE_FAILED};
-
 /// The result type of every fallible fencelock call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -24,6 +22,9 @@ fn rejected(cause: &BoxError) -> String {
     }
 }
 
+/// Starts the message of every failed TLS handshake, so that [`Error::Rejected`]'s message can
+/// tell a TLS failure from a refused set-up even in a copy that kept only the text.
+pub(crate) const HANDSHAKE_FAILED: &str = "the TLS handshake failed";
 /// The servers given as sentinels are not sentinels.
 pub(crate) const NOT_SENTINELS: &str = "the servers given as sentinels are not sentinels (they \
      do not know the SENTINEL command): a Sentinel topology names the sentinels (redis-server \
@@ -357,37 +358,6 @@ impl Error {
         Error::InvalidArgument {
             what,
             reason: reason.into(),
-        }
-    }
-
-    /// A failed connection attempt: refused or timed out (an outage, worth retrying later), or
-    /// rejected by the server during the set-up, or a failed TLS handshake (a configuration
-    /// error, not worth it).
-    pub(crate) fn from_connect(e: redis::RedisError) -> Error {
-        // Before the I/O errors: redis-rs reports a failed handshake as an I/O error.
-        let e = match HandshakeFailed::from_connect(e) {
-            Ok(failed) => return Error::Rejected(Box::new(failed)),
-            Err(e) => e,
-        };
-        let transient = e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || matches!(
-                e.code(),
-                Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
-            );
-        // redis-rs wraps a failed SELECT in a message of its own, dropping the reply's code:
-        // a server busy with a script or still loading is an outage all the same.
-        let detail = e.detail().unwrap_or_default().to_ascii_lowercase();
-        let busy = detail.contains("busy") || detail.contains("loading");
-        if e.is_timeout() {
-            // Nothing was sent: unlike a command's timeout, nothing may have run.
-            Error::Connection(Box::new(e))
-        } else if transient || busy {
-            Error::from_redis(e)
-        } else {
-            Error::Rejected(Box::new(e))
         }
     }
 

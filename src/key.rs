@@ -1,17 +1,27 @@
-//! How a user's key becomes Redis keys: validation, escaping and the Cluster hash tag.
+//! How a user's key becomes Redis keys: validation, escaping and the Cluster hash tag; and the
+//! fence counter's idle expiry, in the milliseconds the scripts take with the keys.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::config::DEFAULT_IDLE_EXPIRY;
 use crate::error::{Error, Result};
-use crate::scripts::millis;
 
 /// Longest user key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
 
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
+
+/// The idle expiry of a client whose builder did not set one: how long a fence counter outlives
+/// its last grant (see [`LockKeys::idle_ms`]).
+pub(crate) const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A duration in the whole milliseconds that the scripts take (leases, the idle expiry, a
+/// `WAIT`'s timeout). Leases are validated to whole milliseconds well inside `u64`, so this never
+/// saturates in use.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// The Redis names derived from one user key, in one allocation, and how long its fence counter
 /// may sit idle: a lock call makes one of these, and every script call it makes takes it whole.

@@ -1,10 +1,17 @@
 //! What a client connects to: one server, the master that Redis Sentinel names, a Redis
 //! Cluster, or a quorum of independent masters.
+//!
+//! This is the description and its checks; the URL forms are parsed, checked and shown without
+//! their passwords in `net/url.rs`, and the connector (`net/connector.rs`) makes connections
+//! from what it describes.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
+use crate::net::url::{self, encode, host_port, server_of, shown, with_sentinel_port};
+
+pub use crate::net::url::SENTINEL_PORT;
 
 /// The Redis deployment a [`LockClient`](crate::LockClient) or a
 /// [`FencedRedis`](crate::FencedRedis) talks to.
@@ -100,9 +107,6 @@ pub(crate) struct SentinelSpec {
     /// Set by a setter that applies only to Sentinel, on a single-server topology.
     misuse: Option<&'static str>,
 }
-
-/// The port of a sentinel whose URL gives none.
-pub const SENTINEL_PORT: u16 = 26379;
 
 impl Topology {
     /// One Redis server at `url`: `redis://[[user]:password@]host[:port][/db]`, `rediss://`
@@ -255,7 +259,7 @@ impl Topology {
     fn sentinel_only(mut self, setter: &'static str, set: impl FnOnce(&mut SentinelSpec)) -> Self {
         match &mut self.kind {
             Kind::Sentinel(spec) => set(spec),
-            Kind::Url(url) => match parse_sentinel_url(url) {
+            Kind::Url(url) => match url::sentinel(url).map(|p| p.and_then(SentinelSpec::checked)) {
                 // A `redis+sentinel://` URL converted from a string: parse it now.
                 Some(Ok(mut spec)) => {
                     set(&mut spec);
@@ -281,18 +285,7 @@ impl Topology {
     /// What to connect to, checked: a single server's URL, or a Sentinel set-up.
     pub(crate) fn resolve(&self) -> Result<Kind> {
         match &self.kind {
-            Kind::Url(url) => {
-                if let Some(spec) = parse_sentinel_url(url) {
-                    return Ok(Kind::Sentinel(spec?));
-                }
-                if let Some(spec) = parse_cluster_url(url) {
-                    return Ok(Kind::Cluster(spec?));
-                }
-                if let Some(spec) = parse_quorum_url(url) {
-                    return Ok(Kind::Quorum(spec?));
-                }
-                Ok(Kind::Url(url.clone()))
-            }
+            Kind::Url(url) => parse(url).unwrap_or_else(|| Ok(Kind::Url(url.clone()))),
             Kind::Sentinel(spec) => {
                 spec.check()?;
                 Ok(Kind::Sentinel(spec.clone()))
@@ -309,7 +302,47 @@ impl Topology {
     }
 }
 
+/// A URL of several servers (`redis+sentinel://`, `redis+cluster://`, `redis+quorum://` or their
+/// `rediss+` forms), parsed and checked; `None` for a single server's URL.
+fn parse(url: &str) -> Option<Result<Kind>> {
+    if let Some(parsed) = url::sentinel(url) {
+        return Some(parsed.and_then(SentinelSpec::checked).map(Kind::Sentinel));
+    }
+    if let Some(seeds) = url::cluster(url) {
+        return Some(seeds.and_then(|seeds| {
+            let spec = ClusterSpec { seeds };
+            spec.check().map(|()| Kind::Cluster(spec))
+        }));
+    }
+    let nodes = url::quorum(url)?;
+    Some(nodes.and_then(|nodes| {
+        let spec = QuorumSpec { nodes };
+        spec.check().map(|()| Kind::Quorum(spec))
+    }))
+}
+
 impl SentinelSpec {
+    /// The spec that a `redis+sentinel://` URL names, checked.
+    fn checked(parsed: url::SentinelUrl) -> Result<SentinelSpec> {
+        let url::SentinelUrl {
+            sentinels,
+            master_name,
+            username,
+            password,
+            db,
+        } = parsed;
+        let spec = SentinelSpec {
+            sentinels,
+            master_name,
+            username,
+            password,
+            db,
+            misuse: None,
+        };
+        spec.check()?;
+        Ok(spec)
+    }
+
     /// A stand-in for a single-server URL given a Sentinel-only setting: fails its check.
     fn misused(url: &str) -> SentinelSpec {
         SentinelSpec {
@@ -397,7 +430,7 @@ impl ClusterSpec {
                     return wrong(format!(
                         "the seed {} is not a redis:// or rediss:// URL (a cluster node is \
                          reached over TCP)",
-                        crate::net::connector::shown(url)
+                        shown(url)
                     ))
                 }
             }
@@ -412,7 +445,7 @@ impl ClusterSpec {
             );
         }
         for url in &self.seeds {
-            crate::net::connector::check(url)?;
+            url::check(url)?;
         }
         Ok(())
     }
@@ -443,10 +476,10 @@ impl QuorumSpec {
             if !matches!(scheme(url).as_deref(), Some("redis") | Some("rediss")) {
                 return wrong(format!(
                     "the master {} is not a redis:// or rediss:// URL",
-                    crate::net::connector::shown(url)
+                    shown(url)
                 ));
             }
-            crate::net::connector::check(url)?;
+            url::check(url)?;
         }
         if self
             .nodes
@@ -479,19 +512,6 @@ impl QuorumSpec {
         self.nodes
             .first()
             .is_some_and(|u| u.to_ascii_lowercase().starts_with("rediss://"))
-    }
-}
-
-/// The host (lower case) and port (6379 when none is given) of a `redis://` URL.
-fn server_of(url: &str) -> (String, String) {
-    let host_port = host_port(url).to_ascii_lowercase();
-    match host_port.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
-        Some((host, port)) => (
-            host.to_owned(),
-            port.parse::<u16>()
-                .map_or(port.to_owned(), |p| p.to_string()),
-        ),
-        None => (host_port, "6379".to_owned()),
     }
 }
 
@@ -528,22 +548,10 @@ impl FromStr for Topology {
     /// Parses any of the [forms](Topology#forms), checking it as a client's build would (a
     /// single server's URL is checked without TLS settings).
     fn from_str(url: &str) -> Result<Topology> {
-        if let Some(spec) = parse_sentinel_url(url) {
-            return Ok(Topology {
-                kind: Kind::Sentinel(spec?),
-            });
+        if let Some(kind) = parse(url) {
+            return kind.map(|kind| Topology { kind });
         }
-        if let Some(spec) = parse_cluster_url(url) {
-            return Ok(Topology {
-                kind: Kind::Cluster(spec?),
-            });
-        }
-        if let Some(spec) = parse_quorum_url(url) {
-            return Ok(Topology {
-                kind: Kind::Quorum(spec?),
-            });
-        }
-        crate::net::connector::check(url)?;
+        url::check(url)?;
         Ok(Topology::single(url))
     }
 }
@@ -552,7 +560,7 @@ impl fmt::Display for Topology {
     /// The URL form, without passwords.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Url(url) => f.write_str(&crate::net::connector::shown(url)),
+            Kind::Url(url) => f.write_str(&shown(url)),
             Kind::Sentinel(spec) => {
                 let scheme = if spec.tls() {
                     "rediss+sentinel"
@@ -586,7 +594,7 @@ impl fmt::Display for Topology {
                 };
                 write!(f, "{scheme}://")?;
                 if let Some(first) = spec.seeds.first() {
-                    let shown = crate::net::connector::shown(first);
+                    let shown = shown(first);
                     let rest = shown.split_once("://").map_or("", |(_, r)| r);
                     if let Some((info, _)) = rest.rsplit_once('@') {
                         write!(f, "{info}@")?;
@@ -603,11 +611,7 @@ impl fmt::Display for Topology {
             Kind::Quorum(spec) => {
                 // Each master may have credentials and a database of its own: the URL form
                 // when they share them, each URL without its password otherwise.
-                let shown: Vec<String> = spec
-                    .nodes
-                    .iter()
-                    .map(|u| crate::net::connector::shown(u))
-                    .collect();
+                let shown: Vec<String> = spec.nodes.iter().map(|u| shown(u)).collect();
                 let split = |u: &str| -> (String, String, String) {
                     let rest = u.split_once("://").map_or(u, |(_, r)| r);
                     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -647,293 +651,6 @@ impl fmt::Debug for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Topology({self})")
     }
-}
-
-/// `url` with the sentinel port ([`SENTINEL_PORT`]) when it names a host and no port: a bare
-/// `redis://host` means the data port to redis-rs, and a sentinel never listens there.
-fn with_sentinel_port(url: String) -> String {
-    let url = url.trim().to_owned();
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url;
-    };
-    if !scheme.eq_ignore_ascii_case("redis") && !scheme.eq_ignore_ascii_case("rediss") {
-        return url;
-    }
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let (authority, has_port) = match host.rsplit_once(':') {
-        // An IPv6 address without a port: the last colon is inside the brackets.
-        Some((_, port)) if port.contains(']') => (authority, false),
-        // `host:` names no port: redis-rs takes it for 6379.
-        Some((_, "")) => (&authority[..authority.len() - 1], false),
-        Some(_) => (authority, true),
-        None => (authority, false),
-    };
-    if has_port || host.is_empty() {
-        return url.clone();
-    }
-    format!("{scheme}://{authority}:{SENTINEL_PORT}{}", &rest[end..])
-}
-
-/// The `host:port` of a sentinel URL, for display.
-fn host_port(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, h)| h)
-        .to_owned()
-}
-
-/// Parses a `redis+sentinel://` or `rediss+sentinel://` URL; `None` for any other scheme.
-fn parse_sentinel_url(url: &str) -> Option<Result<SentinelSpec>> {
-    let trimmed = url.trim();
-    let (scheme, rest) = trimmed.split_once("://")?;
-    let tls = match scheme.to_ascii_lowercase().as_str() {
-        "redis+sentinel" => false,
-        "rediss+sentinel" => true,
-        _ => return None,
-    };
-    Some(parse_sentinel_rest(url, rest, tls))
-}
-
-fn parse_sentinel_rest(url: &str, rest: &str, tls: bool) -> Result<SentinelSpec> {
-    const FORM: &str = "expected redis+sentinel://[[user]:password@]host[:port][,host[:port]...]\
-                        /master_name[/db][?sentinel_username=U&sentinel_password=P]";
-    let wrong = |what: String| {
-        Error::invalid(
-            "url",
-            format!("{}: {what}; {FORM}", crate::net::connector::shown(url)),
-        )
-    };
-    if tls && !cfg!(feature = "tls") {
-        return Err(Error::invalid("url", crate::net::connector::TLS_IS_OFF));
-    }
-    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-    if before_query.contains('#') || query.contains('#') {
-        return Err(wrong("a fragment is not allowed".into()));
-    }
-    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
-    let (user_info, hosts) = match authority.rsplit_once('@') {
-        Some((info, hosts)) => (Some(info), hosts),
-        None => (None, authority),
-    };
-    let (username, password) = match user_info {
-        None => (None, None),
-        Some(info) => {
-            let (user, password) = info.split_once(':').unwrap_or((info, ""));
-            let user = decode(user).map_err(wrong)?;
-            let password = decode(password).map_err(wrong)?;
-            (
-                Some(user).filter(|u| !u.is_empty()),
-                Some(password).filter(|p| !p.is_empty()),
-            )
-        }
-    };
-    let mut sentinel_username = None;
-    let mut sentinel_password = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = decode(value).map_err(wrong)?;
-        match name {
-            "sentinel_username" => sentinel_username = Some(value),
-            "sentinel_password" => sentinel_password = Some(value),
-            other => {
-                return Err(wrong(format!(
-                    "unknown parameter {other:?} (known: sentinel_username, sentinel_password)"
-                )))
-            }
-        }
-    }
-    let mut segments = path.split('/').filter(|s| !s.is_empty());
-    let master_name = decode(segments.next().unwrap_or("")).map_err(wrong)?;
-    if master_name.is_empty() {
-        return Err(wrong("no master name after the hosts".into()));
-    }
-    let db = match segments.next() {
-        None => 0,
-        Some(db) => db
-            .parse::<i64>()
-            .ok()
-            .filter(|db| *db >= 0)
-            .ok_or_else(|| wrong(format!("the database {db:?} is not a number")))?,
-    };
-    if let Some(extra) = segments.next() {
-        return Err(wrong(format!("unexpected {extra:?} after the database")));
-    }
-    let sentinel_info = match (&sentinel_username, &sentinel_password) {
-        (None, None) => String::new(),
-        (user, password) => format!(
-            "{}:{}@",
-            encode(user.as_deref().unwrap_or("")),
-            encode(password.as_deref().unwrap_or(""))
-        ),
-    };
-    let scheme = if tls { "rediss" } else { "redis" };
-    let mut sentinels = Vec::new();
-    for host in hosts.split(',') {
-        if host.is_empty() {
-            return Err(wrong("an empty host in the list".into()));
-        }
-        let has_port = match host.rsplit_once(':') {
-            // An IPv6 address without a port: the last colon is inside the brackets.
-            Some((_, port)) if port.contains(']') => false,
-            Some((_, port)) => {
-                port.parse::<u16>().map_err(|_| {
-                    wrong(format!("the port {port:?} is not a number from 0 to 65535"))
-                })?;
-                true
-            }
-            None => false,
-        };
-        let host = if has_port {
-            host.to_owned()
-        } else {
-            format!("{host}:{SENTINEL_PORT}")
-        };
-        sentinels.push(format!("{scheme}://{sentinel_info}{host}"));
-    }
-    let spec = SentinelSpec {
-        sentinels,
-        master_name,
-        username,
-        password,
-        db,
-        misuse: None,
-    };
-    spec.check()?;
-    Ok(spec)
-}
-
-/// Parses a `redis+cluster://` or `rediss+cluster://` URL; `None` for any other scheme.
-fn parse_cluster_url(url: &str) -> Option<Result<ClusterSpec>> {
-    const FORM: &str = "expected redis+cluster://[[user]:password@]host[:port][,host[:port]...]";
-    let seeds = parse_hosts_url(url, "cluster", FORM, |after| match after {
-        "" | "/" => Ok(String::new()),
-        _ => Err(format!(
-            "unexpected {after:?} after the hosts (a cluster has database 0 only)"
-        )),
-    })?;
-    Some(seeds.and_then(|seeds| {
-        let spec = ClusterSpec { seeds };
-        spec.check().map(|()| spec)
-    }))
-}
-
-/// Parses a `redis+quorum://` or `rediss+quorum://` URL; `None` for any other scheme. The
-/// credentials and the database apply to every master.
-fn parse_quorum_url(url: &str) -> Option<Result<QuorumSpec>> {
-    const FORM: &str =
-        "expected redis+quorum://[[user]:password@]host[:port],host[:port],host[:port][...][/db]";
-    let nodes = parse_hosts_url(url, "quorum", FORM, |after| {
-        match after.trim_end_matches('/') {
-            "" => Ok(String::new()),
-            path => match path.strip_prefix('/').map(str::parse::<u32>) {
-                Some(Ok(db)) => Ok(format!("/{db}")),
-                _ => Err(format!("unexpected {after:?} after the hosts")),
-            },
-        }
-    })?;
-    Some(nodes.and_then(|nodes| {
-        let spec = QuorumSpec { nodes };
-        spec.check().map(|()| spec)
-    }))
-}
-
-/// Parses `redis+<kind>://[[user]:password@]host[:port][,host[:port]...]<path>` (or
-/// `rediss+<kind>://`) into one `redis://` (or `rediss://`) URL per host, each with the
-/// credentials and with what `path` makes of the part after the hosts (an error message if it
-/// refuses it); `None` for any other scheme. `form` ends every error message.
-fn parse_hosts_url(
-    url: &str,
-    kind: &str,
-    form: &str,
-    path: impl Fn(&str) -> std::result::Result<String, String>,
-) -> Option<Result<Vec<String>>> {
-    let trimmed = url.trim();
-    let (scheme, rest) = trimmed.split_once("://")?;
-    let (plain, over_tls) = (format!("redis+{kind}"), format!("rediss+{kind}"));
-    let scheme = scheme.to_ascii_lowercase();
-    let tls = match scheme {
-        _ if scheme == plain => false,
-        _ if scheme == over_tls => true,
-        _ => return None,
-    };
-    let wrong = |what: String| {
-        Err(Error::invalid(
-            "url",
-            format!("{}: {what}; {form}", crate::net::connector::shown(url)),
-        ))
-    };
-    if tls && !cfg!(feature = "tls") {
-        return Some(Err(Error::invalid(
-            "url",
-            crate::net::connector::TLS_IS_OFF,
-        )));
-    }
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, after) = rest.split_at(end);
-    let suffix = match path(after) {
-        Ok(suffix) => suffix,
-        Err(what) => return Some(wrong(what)),
-    };
-    let (user_info, hosts) = match authority.rsplit_once('@') {
-        Some((info, hosts)) => (format!("{info}@"), hosts),
-        None => (String::new(), authority),
-    };
-    let scheme = if tls { "rediss" } else { "redis" };
-    let mut urls = Vec::new();
-    for host in hosts.split(',') {
-        if host.is_empty() {
-            return Some(wrong("an empty host in the list".into()));
-        }
-        if let Some((_, port)) = host.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
-            if port.parse::<u16>().is_err() {
-                return Some(wrong(format!(
-                    "the port {port:?} is not a number from 0 to 65535"
-                )));
-            }
-        }
-        urls.push(format!("{scheme}://{user_info}{host}{suffix}"));
-    }
-    Some(Ok(urls))
-}
-
-/// Percent-decodes `s`.
-fn decode(s: &str) -> std::result::Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "a % is not followed by two hex digits".to_owned())?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "a percent-encoded part is not UTF-8".to_owned())
-}
-
-/// Percent-encodes what may not stand as is in a URL's user info or path.
-pub(crate) fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -137,7 +137,7 @@ fn try_with_lock_skips_the_closure_when_busy_and_reports_loss() {
 }
 
 #[test]
-fn with_lock_with_takes_the_lock_with_its_options() {
+fn with_lock_options_takes_the_lock_with_its_options() {
     let server = RedisServer::start();
     let client = lock_client(&server, 30_000);
     let mut con = server.connection();
@@ -145,7 +145,7 @@ fn with_lock_with_takes_the_lock_with_its_options() {
     // A lease of its own, without renewal: Redis sees that lease, not the client's 30 s.
     let options = LockOptions::new().lease(ms(2_000)).renew(false);
     let (pttl, lease) = client
-        .with_lock_with("report", &options, |guard| {
+        .with_lock_options("report", &options, |guard| {
             Ok::<_, Error>((lock_pttl(&mut con, "report"), guard.lease()))
         })
         .unwrap();
@@ -157,12 +157,12 @@ fn with_lock_with_takes_the_lock_with_its_options() {
     let rival = lock_client(&server, 30_000);
     let held = rival.lock("report").unwrap();
     let busy = client
-        .try_with_lock_with("report", ms(100), &options, |_| Ok::<_, Error>(()))
+        .try_with_lock_options("report", ms(100), &options, |_| Ok::<_, Error>(()))
         .unwrap();
     assert!(busy.is_none());
     drop(held);
     let free = client
-        .try_with_lock_with("report", ms(1_000), &options, |guard| {
+        .try_with_lock_options("report", ms(1_000), &options, |guard| {
             Ok::<_, Error>(guard.lease())
         })
         .unwrap();
@@ -171,7 +171,7 @@ fn with_lock_with_takes_the_lock_with_its_options() {
     // Options out of range are refused before the closure runs.
     let bad = LockOptions::new().lease(Duration::ZERO);
     let err = client
-        .with_lock_with("report", &bad, |_| Ok::<_, Error>(()))
+        .with_lock_options("report", &bad, |_| Ok::<_, Error>(()))
         .unwrap_err();
     assert!(err.is_invalid_argument(), "{err:?}");
 }

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
-use crate::net::tls::TlsSettings;
+use crate::net::tls::{HandshakeFailed, TlsSettings};
+use crate::net::url;
 use crate::topology::{Kind, Topology};
 
 mod cluster;
@@ -83,7 +84,7 @@ impl Connector {
         connection_timeout: Duration,
     ) -> Result<Connector> {
         let shape = match topology.resolve()? {
-            Kind::Url(url) => Shape::Single(Box::new(client(&url, tls)?)),
+            Kind::Url(url) => Shape::Single(Box::new(url::client(&url, tls)?)),
             Kind::Sentinel(spec) => {
                 Shape::Sentinel(sentinel::Sentinel::open(&spec, tls, connection_timeout)?)
             }
@@ -95,7 +96,7 @@ impl Connector {
             Kind::Quorum(spec) => Shape::Quorum(
                 spec.nodes
                     .iter()
-                    .map(|url| client(url, tls))
+                    .map(|u| url::client(u, tls))
                     .collect::<Result<_>>()?,
             ),
         };
@@ -398,281 +399,35 @@ fn open(
     Ok(con)
 }
 
+/// A failed connection attempt as an error: refused or timed out (an outage, worth retrying
+/// later), or rejected by the server during the set-up, or a failed TLS handshake (a
+/// configuration error, not worth it).
+pub(crate) fn connect_error(e: redis::RedisError) -> Error {
+    // Before the I/O errors: redis-rs reports a failed handshake as an I/O error.
+    let e = match HandshakeFailed::from_connect(e) {
+        Ok(failed) => return Error::Rejected(Box::new(failed)),
+        Err(e) => e,
+    };
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+        );
+    // redis-rs wraps a failed SELECT in a message of its own, dropping the reply's code:
+    // a server busy with a script or still loading is an outage all the same.
+    let detail = e.detail().unwrap_or_default().to_ascii_lowercase();
+    let busy = detail.contains("busy") || detail.contains("loading");
+    if e.is_timeout() {
+        // Nothing was sent: unlike a command's timeout, nothing may have run.
+        Error::Connection(Box::new(e))
+    } else if transient || busy {
+        Error::from_redis(e)
+    } else {
+        Error::Rejected(Box::new(e))
+    }
+}
+
 use sentinel::is_refusal;
-
-/// Checks a single server's URL as a client's build would, without TLS settings.
-pub(crate) fn check(url: &str) -> Result<()> {
-    client(url, &TlsSettings::default()).map(drop)
-}
-
-/// A client for `url`, with Nagle's algorithm off on its connections. redis-rs leaves it on,
-/// and then a pipeline that spans several TCP segments (a renewal batch) can wait for a delayed
-/// ACK: batches of a few hundred extends took 100-400 ms on loopback, long enough to lose leases.
-/// redis-rs applies these TCP settings to the socket under a TLS stream too.
-fn client(url: &str, tls: &TlsSettings) -> Result<redis::Client> {
-    let parsed = redis::Client::open(url);
-    if parsed.is_err() {
-        // Say what is wrong, where redis-rs says only that the URL did not parse.
-        check_url(url)?;
-    }
-    let invalid = |e: redis::RedisError| {
-        Error::invalid(
-            "url",
-            format!(
-                "{url_shown} does not parse ({e}); {FORMS}",
-                url_shown = shown(url)
-            ),
-        )
-    };
-    let info = parsed.map_err(invalid)?.get_connection_info().clone();
-    let tcp = info.tcp_settings().clone().set_nodelay(true);
-    let info = info.set_tcp_settings(tcp);
-    if let redis::ConnectionAddr::TcpTls { host, insecure, .. } = info.addr() {
-        if *insecure {
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "{}: certificate checks cannot be turned off (`#insecure`); trust the \
-                     server's CA with tls_root_certificates instead",
-                    shown(url)
-                ),
-            ));
-        }
-        crate::net::tls::check_server_name(host).map_err(|why| Error::invalid("url", why))?;
-        return crate::net::tls::client(info, tls);
-    }
-    if tls.is_set() {
-        return Err(Error::invalid(
-            "url",
-            format!(
-                "TLS settings were given, but {} is not a rediss:// URL: its connections would \
-                 not be encrypted",
-                shown(url)
-            ),
-        ));
-    }
-    redis::Client::open(info).map_err(invalid)
-}
-
-/// The URL forms a client accepts, for error messages.
-#[cfg(not(feature = "tls"))]
-const FORMS: &str = "expected redis://[[user]:password@]host[:port][/db], \
-                     redis+unix:///path/to/socket[?db=N] or unix:///path/to/socket";
-#[cfg(feature = "tls")]
-const FORMS: &str = "expected redis://[[user]:password@]host[:port][/db], \
-                     rediss://[[user]:password@]host[:port][/db] (TLS), \
-                     redis+unix:///path/to/socket[?db=N] or unix:///path/to/socket";
-
-/// Why a `rediss://` URL is refused without the `tls` feature.
-pub(crate) const TLS_IS_OFF: &str =
-    "TLS (rediss://) is off: build with the `tls` feature (features = [\"tls\"] in Cargo.toml)";
-
-/// Says what is wrong with a URL that redis-rs' parser refused (it says only that the URL did
-/// not parse). `Ok` if nothing here explains it.
-fn check_url(url: &str) -> Result<()> {
-    let wrong = |what: String| Err(Error::invalid("url", format!("{what}; {FORMS}")));
-    if url.trim().is_empty() {
-        return wrong("the URL is empty".into());
-    }
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return wrong(no_scheme(url));
-    };
-    match scheme {
-        "redis" => {}
-        "redis+unix" | "unix" => return Ok(()),
-        // redis-rs takes a fragment for a switch, and knows only `#insecure`.
-        "rediss" if cfg!(feature = "tls") && url.contains('#') => {
-            return wrong(format!(
-                "{} has a fragment; certificate checks cannot be turned off: trust the \
-                 server's CA with tls_root_certificates instead",
-                shown(url)
-            ))
-        }
-        "rediss" if cfg!(feature = "tls") => {}
-        "rediss" => return wrong(TLS_IS_OFF.into()),
-        other => return wrong(format!("the scheme {other}:// is not a Redis scheme")),
-    }
-    // The authority: what comes before the path, after any user info.
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host_port.contains(',') {
-        return wrong(format!(
-            "{} names several hosts; for the master that sentinels name, write \
-             redis+sentinel://host1:port1,host2:port2/master_name",
-            shown(url)
-        ));
-    }
-    if host_port.is_empty() {
-        return wrong(format!("{} has no host", shown(url)));
-    }
-    // A port after the last colon, unless the colon is inside an IPv6 address's brackets.
-    if let Some((_, port)) = host_port.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
-        if port.parse::<u16>().is_err() {
-            return wrong(format!("the port {port:?} is not a number from 0 to 65535"));
-        }
-    }
-    let path = rest[authority.len()..]
-        .split(['?', '#'])
-        .next()
-        .unwrap_or("");
-    let db = path.trim_start_matches('/');
-    if !db.is_empty() && db.parse::<i64>().is_err() {
-        return wrong(format!("the database {db:?} is not a number"));
-    }
-    Ok(())
-}
-
-/// What to say of a URL without `://`: a scheme written with a wrong separator
-/// (`redis//host:port/`, `redis:host`) is told how to write it; anything else as a host and
-/// port, which a scheme turns into a URL.
-fn no_scheme(url: &str) -> String {
-    const SCHEMES: [&str; 7] = [
-        "redis",
-        "rediss",
-        "redis+unix",
-        "unix",
-        "redis+sentinel",
-        "redis+cluster",
-        "redis+quorum",
-    ];
-    let url = url.trim();
-    if let Some((head, _)) = url.split_once([':', '/']) {
-        let scheme = head.to_ascii_lowercase();
-        let rest = url[head.len()..]
-            .trim_start_matches(':')
-            .trim_start_matches('/');
-        if SCHEMES.contains(&scheme.as_str()) && !rest.is_empty() {
-            return format!(
-                "the URL has no `://` after its scheme (write {})",
-                shown(&format!("{scheme}://{rest}"))
-            );
-        }
-    }
-    // Shown as the URL it would be, whose password is masked.
-    let fixed = shown(&format!("redis://{url}"));
-    format!(
-        "{} has no scheme (for a host and port, write {fixed})",
-        fixed.trim_start_matches("redis://"),
-    )
-}
-
-/// A URL as it may appear in a message: without its password.
-pub(crate) fn shown(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // `unix:/path?pass=...`: no user info, but the query may carry a password.
-        return url.split(['?', '#']).next().unwrap_or("").to_owned();
-    };
-    // The last `@` ends the user info even when the password holds `/`, `?` or `#`; what
-    // follows the host (a query may carry a password too) is left out.
-    let masked = match rest.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split(':').next().unwrap_or("");
-            format!("{user}:***@{host}")
-        }
-        None => rest.to_owned(),
-    };
-    let masked = masked.split(['?', '#']).next().unwrap_or("");
-    format!("{scheme}://{masked}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn client(url: &str) -> Result<redis::Client> {
-        super::client(url, &TlsSettings::default())
-    }
-
-    fn reason(url: &str) -> String {
-        match client(url) {
-            Err(Error::InvalidArgument {
-                what: "url",
-                reason,
-            }) => reason,
-            Err(other) => panic!("{url:?}: {other}"),
-            Ok(_) => panic!("{url:?} was accepted"),
-        }
-    }
-
-    #[test]
-    fn says_what_is_wrong_with_a_url() {
-        for (url, says) in [
-            ("", "empty"),
-            ("   ", "empty"),
-            ("localhost:6379", "write redis://localhost:6379"),
-            ("redis//127.0.0.1:27001/", "write redis://127.0.0.1:27001/"),
-            ("redis//:hunter2@h:1/", "write redis://:***@h:1/"),
-            (":hunter2@h:1", "write redis://:***@h:1"),
-            ("redis:/127.0.0.1:6379", "write redis://127.0.0.1:6379"),
-            ("rediss//h:6380", "write rediss://h:6380"),
-            ("http://localhost/", "not a Redis scheme"),
-            ("redis://a:6379,b:6379/", "several hosts"),
-            ("redis://localhost:99999/", "port \"99999\""),
-            ("redis://localhost:63x9/", "port"),
-            ("redis://", "no host"),
-        ] {
-            let reason = reason(url);
-            assert!(reason.contains(says), "{url:?}: {reason}");
-            assert!(reason.contains("expected redis://"), "{url:?}: {reason}");
-        }
-    }
-
-    #[test]
-    #[cfg(not(feature = "tls"))]
-    fn rediss_needs_the_tls_feature() {
-        let reason = reason("rediss://localhost/");
-        assert!(reason.contains("build with the `tls` feature"), "{reason}");
-    }
-
-    #[test]
-    #[cfg(feature = "tls")]
-    fn tls_connections_keep_nagle_off() {
-        // redis-rs applies the TCP settings to the socket under the TLS stream as well.
-        let client = client("rediss://localhost:6380/").unwrap();
-        let info = client.get_connection_info();
-        assert!(matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }));
-        assert!(info.tcp_settings().nodelay());
-        let plain = super::client("redis://localhost/", &TlsSettings::default()).unwrap();
-        assert!(plain.get_connection_info().tcp_settings().nodelay());
-    }
-
-    #[test]
-    fn accepts_the_documented_forms() {
-        for url in [
-            "redis://127.0.0.1:6379/",
-            "redis://127.0.0.1",
-            "redis://:secret@127.0.0.1:6379/2",
-            "redis://user:secret@localhost:6379/0",
-            "redis://[::1]:6379/",
-            "redis+unix:///tmp/redis.sock",
-            "unix:///tmp/redis.sock?db=1",
-            // Forms redis-rs accepts that a stricter check of ours once refused.
-            "redis://127.0.0.1:6379/0\n",
-            " redis://127.0.0.1:6379/",
-            "REDIS://127.0.0.1:6379/",
-            "redis://127.0.0.1:6379/0/",
-            "redis://127.0.0.1:/",
-            "unix:/tmp/redis.sock",
-        ] {
-            assert!(client(url).is_ok(), "{url:?}: {:?}", client(url).err());
-        }
-    }
-
-    #[test]
-    fn keeps_passwords_out_of_messages() {
-        for (url, shows) in [
-            ("unix:///tmp/x.sock?pass=hunter2", "unix:///tmp/x.sock"),
-            ("redis://:pa/ss@h1/", "redis://:***@h1/"),
-            ("redis://:hun?ter2@h1/", "redis://:***@h1/"),
-            (
-                "redis+sentinel://h1/m?sentinel_password=hunter2",
-                "redis+sentinel://h1/m",
-            ),
-        ] {
-            assert_eq!(shown(url), shows);
-        }
-        let reason = reason("redis://user:hunter2@a:1,b:2/");
-        assert!(!reason.contains("hunter2"), "{reason}");
-        assert!(reason.contains("user:***@a:1,b:2"), "{reason}");
-    }
-}

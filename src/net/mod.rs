@@ -7,6 +7,7 @@
 //!
 //! | file | what it holds |
 //! |---|---|
+//! | `url.rs` | every URL form: parsed, checked, and shown without its password |
 //! | `connector.rs` | where connections come from: one server, or `sentinel.rs` and `cluster.rs` under `connector/` |
 //! | `router.rs` | which pool a key's call goes to, and following a cluster's redirects |
 //! | `pool.rs` | the connection pool of one node; `pool/combine.rs` batches unlocks |
@@ -17,4 +18,5 @@ pub(crate) mod connector;
 pub(crate) mod pool;
 pub(crate) mod router;
 pub(crate) mod tls;
+pub(crate) mod url;
 pub(crate) mod wire;

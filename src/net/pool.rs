@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisError, Value};
 
-use crate::net::connector::{Connector, Node};
+use crate::net::connector::{connect_error, Connector, Node};
 use crate::net::wire::{self, Interrupted};
 
 use crate::error::{Error, Result};
@@ -262,7 +262,7 @@ impl Pool {
                 if !(cut && e.is_timeout()) {
                     self.unreachable.store(true, Ordering::Relaxed);
                 }
-                Err(Error::from_connect(e).at(self.connector.server(self.node)))
+                Err(connect_error(e).at(self.connector.server(self.node)))
             }
         }
     }
@@ -507,7 +507,7 @@ impl Pool {
                 .map(|reply| match reply {
                     Some(Ok(value)) => Combined::Reply(value),
                     // Refused before running: the caller runs it alone, which loads the script.
-                    Some(Err(e)) if crate::scripts::no_script(&e) => Combined::NotRun,
+                    Some(Err(e)) if wire::no_script(&e) => Combined::NotRun,
                     Some(Err(e)) => Combined::Failed(e, epoch),
                     None => Combined::Failed(wire::interrupted_error(), epoch),
                 })

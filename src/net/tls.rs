@@ -4,15 +4,15 @@
 //! The handshake itself is redis-rs' (rustls). It verifies the server's certificate chain up to
 //! a trusted root, its validity period, and that it names the URL's host; it runs inside the
 //! connection's set-up, so the connection timeout bounds it. Without the feature only the empty
-//! settings exist: `connector.rs` refuses `rediss://` URLs and the builders have no TLS setters.
+//! settings exist: `url.rs` refuses `rediss://` URLs and the builders have no TLS setters.
 
 use std::fmt;
 
-/// Starts the message of every [`HandshakeFailed`], so that [`Error::Rejected`]'s message can
-/// tell a TLS failure from a refused set-up even in a copy that kept only the text.
-///
-/// [`Error::Rejected`]: crate::Error::Rejected
-pub(crate) const HANDSHAKE_FAILED: &str = "the TLS handshake failed";
+use crate::error::HANDSHAKE_FAILED;
+
+/// Why a `rediss://` URL is refused without the `tls` feature.
+pub(crate) const TLS_IS_OFF: &str =
+    "TLS (rediss://) is off: build with the `tls` feature (features = [\"tls\"] in Cargo.toml)";
 
 /// The TLS settings of one client or store: which CAs it trusts, and the certificate it shows a
 /// server that asks for one. Empty by default: the default roots, no client certificate.
@@ -96,13 +96,13 @@ impl std::error::Error for HandshakeFailed {
 #[cfg(feature = "tls")]
 pub(crate) use imp::{check_server_name, client};
 
-/// Without the feature `connector.rs` refuses `rediss://` before it gets here.
+/// Without the feature `url.rs` refuses `rediss://` before it gets here.
 #[cfg(not(feature = "tls"))]
-pub(crate) fn client(_: redis::ConnectionInfo, _: &TlsSettings) -> crate::Result<redis::Client> {
-    Err(crate::Error::invalid(
-        "url",
-        crate::net::connector::TLS_IS_OFF,
-    ))
+pub(crate) fn client(
+    _: redis::ConnectionInfo,
+    _: &TlsSettings,
+) -> crate::error::Result<redis::Client> {
+    Err(crate::error::Error::invalid("url", TLS_IS_OFF))
 }
 
 /// Without the feature there is no certificate to check a host name against.
@@ -302,9 +302,9 @@ mod tests {
         assert!(text.contains("tls_root_certificates"), "{text}");
         // The error's message, and that of the copy the pool makes, as text, for the other
         // calls of a batch: both point at TLS, not at credentials.
-        let copy = crate::Error::Rejected(text.into());
+        let copy = crate::error::Error::Rejected(text.into());
         for shown in [
-            crate::Error::Rejected(Box::new(failed)).to_string(),
+            crate::error::Error::Rejected(Box::new(failed)).to_string(),
             copy.to_string(),
         ] {
             assert!(shown.contains("tls_root_certificates"), "{shown}");

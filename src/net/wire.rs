@@ -187,6 +187,13 @@ pub(crate) fn interrupted_error() -> RedisError {
     RedisError::from(std::io::Error::from(std::io::ErrorKind::Interrupted))
 }
 
+/// Whether a server error is NOSCRIPT: the script must be loaded before it runs. A call so
+/// refused did not run; the scripts load and send it again, and the unlock batches count it as
+/// not sent.
+pub(crate) fn no_script(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

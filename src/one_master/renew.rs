@@ -688,7 +688,7 @@ impl Link<'_> {
                     &[
                         Arg::Str("WAIT"),
                         Arg::Int(u64::from(acks.replicas)),
-                        Arg::Int(scripts::millis(acks.timeout)),
+                        Arg::Int(crate::key::millis(acks.timeout)),
                     ],
                 );
                 ends.push(buf.len());

@@ -221,7 +221,7 @@ fn attempt(
         &keys.all(),
         &[
             Arg::Str(keys.owner()),
-            Arg::Int(scripts::millis(lease)),
+            Arg::Int(crate::key::millis(lease)),
             // Never queued; a refusal names the holder.
             Arg::Str("h"),
             Arg::Int(keys.idle_ms()),
@@ -336,7 +336,7 @@ fn attempt(
         &[
             Arg::Str(keys.owner()),
             Arg::Str(&digits),
-            Arg::Int(scripts::millis(lease)),
+            Arg::Int(crate::key::millis(lease)),
             Arg::Int(keys.idle_ms()),
         ],
     );

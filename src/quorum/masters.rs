@@ -36,7 +36,6 @@ use redis::{RedisError, RedisResult, Script, Value};
 
 use crate::net::connector::Connector;
 use crate::net::wire::{self, Interrupted};
-use crate::scripts;
 
 /// The most requests one pipeline carries.
 const MAX_BATCH: usize = 256;
@@ -428,5 +427,5 @@ impl Worker {
 }
 
 fn no_script(reply: &Option<RedisResult<Value>>) -> bool {
-    matches!(reply, Some(Err(e)) if scripts::no_script(e))
+    matches!(reply, Some(Err(e)) if wire::no_script(e))
 }

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use redis::{RedisResult, Script, Value};
 
-use crate::key::LockKeys;
-use crate::net::wire::{self, Arg, Interrupted};
+use crate::key::{millis, LockKeys};
+use crate::net::wire::{self, no_script, Arg, Interrupted};
 use crate::token::FencingToken;
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -181,11 +181,6 @@ pub(crate) fn evalsha(buf: &mut Vec<u8>, script: &Script, keys: &[&str], args: &
     for a in args {
         wire::arg(buf, *a);
     }
-}
-
-/// Whether a server error is NOSCRIPT: the script must be loaded before it runs.
-pub(crate) fn no_script(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// Sends one EVALSHA of `script` (see [`loading`]).
@@ -516,9 +511,4 @@ pub(crate) fn extended(reply: Value) -> RedisResult<bool> {
             format!("{other:?}"),
         ))),
     }
-}
-
-/// Leases are validated to whole milliseconds well inside `u64`, so this never saturates in use.
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -96,7 +96,7 @@ impl Cluster {
     ) -> Result<Cluster> {
         let mut seed_clients = Vec::with_capacity(spec.seeds.len());
         for url in &spec.seeds {
-            seed_clients.push(super::client(url, tls)?);
+            seed_clients.push(crate::net::url::client(url, tls)?);
         }
         let template = seed_clients[0].get_connection_info().clone();
         let mut map = Map {
@@ -133,7 +133,11 @@ impl Cluster {
         Ok(Cluster {
             template,
             tls: spec.tls().then(|| tls.clone()),
-            seeds_shown: spec.seeds.iter().map(|s| super::shown(s)).collect(),
+            seeds_shown: spec
+                .seeds
+                .iter()
+                .map(|s| crate::net::url::shown(s))
+                .collect(),
             map: RwLock::new(map),
             refreshing: Mutex::new(()),
             suspect: AtomicBool::new(false),

@@ -112,8 +112,8 @@ impl Sentinel {
         let mut sentinels = Vec::with_capacity(spec.sentinels.len());
         for url in &spec.sentinels {
             sentinels.push(Addressed {
-                shown: super::shown(url),
-                client: super::client(url, tls)?,
+                shown: crate::net::url::shown(url),
+                client: crate::net::url::client(url, tls)?,
                 asking: Arc::default(),
             });
         }
@@ -141,7 +141,7 @@ impl Sentinel {
         thread::Builder::new()
             .name("fencelock-sentinel".to_owned())
             .spawn(move || watch(&weak, timeout))
-            .map_err(|e| crate::Error::Connection(Box::new(e)))?;
+            .map_err(|e| crate::error::Error::Connection(Box::new(e)))?;
         Ok(Sentinel { state })
     }
 
@@ -235,8 +235,8 @@ pub(crate) fn not_master(error: &RedisError) -> bool {
 /// exist, NOAUTH.
 pub(super) fn is_refusal(e: &RedisError) -> bool {
     matches!(
-        crate::Error::from_connect(e.clone()),
-        crate::Error::Rejected(_)
+        super::connect_error(e.clone()),
+        crate::error::Error::Rejected(_)
     )
 }
 
@@ -462,7 +462,7 @@ impl State {
             // Which hint fits: a set-up refused for its credentials, or servers that are not
             // sentinels, or a name they do not know.
             let what = if handshakes == sentinels.len() {
-                crate::net::tls::HANDSHAKE_FAILED
+                crate::error::HANDSHAKE_FAILED
             } else if not_sentinels == sentinels.len() {
                 crate::error::NOT_SENTINELS
             } else if unknown > 0 && unknown + not_sentinels == sentinels.len() {
