@@ -1,4 +1,4 @@
-//! Helpers shared by the fault-injection tests (`tests/fault_*.rs`): a client builder that can
+//! Helpers shared by the fault-injection tests (`tests/faults/`): a client builder that can
 //! point at a proxy, the fence counter in Redis, and bounds on calls that a fault could hang.
 
 use std::sync::mpsc;

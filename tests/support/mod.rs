@@ -4,7 +4,9 @@
 //! (for lock holders in another process), a lock-hold history checker, a
 //! loopback TCP fault proxy and the fault-injection tests' shared helpers.
 //!
-//! Included from integration tests with `mod support;` and from benches with
+//! Included by each test binary (`tests/<area>/main.rs`) with
+//! `#[path = "../support/mod.rs"] mod support;`, by the soak examples with
+//! `#[path = "../tests/support/mod.rs"] mod support;`, and by the benches with
 //! `#[path = "../../tests/support/mod.rs"] mod support;` (in `benches/locks/server.rs`).
 
 pub mod cluster;
