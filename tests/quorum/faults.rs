@@ -25,8 +25,9 @@ use fencelock::crossbeam_channel::RecvTimeoutError;
 use fencelock::{FencedRedis, LockClient};
 
 use crate::support::faults::{fence_key, spawn_answer};
+use crate::support::fenced_workload::{resource, Workload, WorkloadConfig};
 use crate::support::history::{History, Hold};
-use crate::support::quorum::{pace, resource, Quorum, Workload, WorkloadConfig};
+use crate::support::quorum::{pace, Quorum};
 use crate::support::{lock_key, ms, RedisServer, NAMESPACE};
 
 const MASTERS: usize = 5;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use fencelock::crossbeam_channel::TryRecvError;
 use fencelock::{FencedRedis, LockClient, LockOptions, Topology};
 
-use crate::support::quorum::{Quorum, Workload, WorkloadConfig};
+use crate::support::fenced_workload::{Workload, WorkloadConfig};
+use crate::support::quorum::Quorum;
 use crate::support::{command_calls, ms, poll_until, RedisServer, NAMESPACE};
 
 const MASTERS: usize = 5;

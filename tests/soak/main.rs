@@ -5,19 +5,27 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use support::quorum_soak::{self, QuorumSoakConfig};
-use support::soak::{run, SoakConfig};
+use support::soak::{run, OneServer, QuorumOf, SoakConfig};
+
+/// One soak at a time, as when each was a test binary of its own: each loads the machine by
+/// itself, and its counts of grants and faults are bounds.
+fn alone() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 #[test]
 fn a_short_soak_under_random_faults_keeps_every_promise() {
+    let _alone = alone();
     let config = SoakConfig {
         duration: Duration::from_secs(12),
         fault_every: Duration::from_millis(800),
-        ..SoakConfig::default()
+        ..SoakConfig::one_server()
     };
-    let report = run(&config);
+    let report = run(&mut OneServer::start(), &config);
     report.print(&config);
     let faults: u64 = report.faults.iter().map(|(_, n)| n).sum();
     assert!(faults >= 5, "only {faults} faults injected");
@@ -38,12 +46,13 @@ fn a_short_soak_under_random_faults_keeps_every_promise() {
 
 #[test]
 fn a_short_quorum_soak_under_random_faults_keeps_every_promise() {
-    let config = QuorumSoakConfig {
+    let _alone = alone();
+    let config = SoakConfig {
         duration: Duration::from_secs(12),
         fault_every: Duration::from_millis(700),
-        ..QuorumSoakConfig::default()
+        ..SoakConfig::quorum()
     };
-    let report = quorum_soak::run(&config);
+    let report = run(&mut QuorumOf::start(5), &config);
     report.print(&config);
     let faults: u64 = report.faults.iter().map(|(_, n)| n).sum();
     assert!(faults >= 5, "only {faults} faults injected");

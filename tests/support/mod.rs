@@ -11,10 +11,10 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod fenced_workload;
 pub mod history;
 pub mod proxy;
 pub mod quorum;
-pub mod quorum_soak;
 pub mod sentinel;
 pub mod soak;
 #[cfg(feature = "tls")]
