@@ -8,12 +8,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::LockClient;
 
-use crate::support;
-use crate::support::{await_queue_len, lock_client, lock_exists, ms, RedisServer};
-
-fn fence_key(key: &str) -> String {
-    format!("{}:fence:{{{key}}}", support::NAMESPACE)
-}
+use crate::support::{await_queue_len, fence_key, lock_client, lock_exists, ms, RedisServer};
 
 fn counter(con: &mut redis::Connection, key: &str) -> Option<String> {
     redis::cmd("GET").arg(fence_key(key)).query(con).unwrap()

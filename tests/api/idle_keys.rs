@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use fencelock::LockClient;
 
-use crate::support::faults::{builder, fence_key, wait_until};
-use crate::support::{await_queue_len, ms, RedisServer, NAMESPACE};
+use crate::support::faults::{builder, wait_until};
+use crate::support::{await_queue_len, fence_key, ms, RedisServer, NAMESPACE};
 
 /// The idle expiry of these tests' clients.
 const IDLE: Duration = Duration::from_secs(1);

@@ -6,11 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::support;
-use crate::support::{await_queue_len, lock_client, lock_key, ms, RedisServer};
-
-fn fence_key(key: &str) -> String {
-    format!("{}:fence:{{{key}}}", support::NAMESPACE)
-}
+use crate::support::{await_queue_len, fence_key, lock_client, lock_key, ms, RedisServer};
 
 #[test]
 fn a_free_key_is_free_with_no_token_lease_or_waiters() {

@@ -7,13 +7,9 @@
 use redis::Value;
 
 use crate::support;
-use crate::support::{lock_client, lock_key, RedisServer};
+use crate::support::{fence_key, lock_client, lock_key, RedisServer};
 
 /// The fence counter of `key` under the test namespace.
-fn fence_key(key: &str) -> String {
-    format!("{}:fence:{{{key}}}", support::NAMESPACE)
-}
-
 /// The fence counter as stored, parsed exactly (no detour through a double).
 fn read_counter(con: &mut redis::Connection, key: &str) -> u64 {
     let raw: String = redis::cmd("GET")

@@ -23,8 +23,8 @@ use fencelock::{LockClient, LockGuard};
 use redis::Commands;
 
 use crate::support;
-use crate::support::faults::{builder, fence_key, spawn_answer, within};
-use crate::support::{lock_client, lock_exists, lock_pttl, ms, RedisServer};
+use crate::support::faults::{builder, spawn_answer, within};
+use crate::support::{fence_key, lock_client, lock_exists, lock_pttl, ms, RedisServer};
 
 // ---------------------------------------------------------------------------
 // helpers

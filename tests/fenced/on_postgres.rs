@@ -9,16 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use fencelock::FencingToken;
 
 use crate::support;
-use crate::support::{lock_client, RedisServer};
+use crate::support::{database_url, lock_client, RedisServer};
 use crate::takeover::{
     assert_never_decreasing, assert_only_late_writes_refused, run_writers, Takeover,
 };
-
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
-}
 
 fn connect() -> postgres::Client {
     let url = database_url();

@@ -36,12 +36,10 @@ use crossbeam_channel::Receiver;
 use fencelock::{FencedRedis, LockClient, LockGuard};
 
 use recorder::{monotonic_ns, outcome_of, Event, Recorder, Type};
-use support::{ms, unique_temp_dir, RedisServer, Rng, NAMESPACE};
+use support::{database_url, ms, unique_temp_dir, RedisServer, Rng, NAMESPACE};
 
 const PYTHON_HINT: &str = "the history checker needs python3 (standard library only): \
      `sudo apt-get install -y python3` on Debian/Ubuntu, `brew install python` on macOS";
-
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 // ---------------------------------------------------------------------------
 // Running the checker
@@ -335,10 +333,6 @@ fn key_name(i: usize) -> String {
 /// The unfenced counter of `key`.
 fn counter_key(key: &str) -> String {
     format!("{NAMESPACE}:counter:{key}")
-}
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
 }
 
 fn pg_connect() -> postgres::Client {

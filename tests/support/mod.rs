@@ -848,6 +848,11 @@ pub fn lock_key(key: &str) -> String {
     format!("{NAMESPACE}:lock:{{{key}}}")
 }
 
+/// The Redis fence counter key of `key` under [`NAMESPACE`].
+pub fn fence_key(key: &str) -> String {
+    format!("{NAMESPACE}:fence:{{{key}}}")
+}
+
 /// Whether `key` is locked in Redis right now.
 pub fn lock_exists(con: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(lock_key(key)).query(con).unwrap()
@@ -856,6 +861,13 @@ pub fn lock_exists(con: &mut redis::Connection, key: &str) -> bool {
 /// The remaining lease of `key`'s lock in Redis, in ms (-2: not locked).
 pub fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(lock_key(key)).query(con).unwrap()
+}
+
+/// The PostgreSQL the tests use: `DATABASE_URL`, or `postgres://postgres@127.0.0.1:5432/test` (a
+/// database `.ci/run` sets up).
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of

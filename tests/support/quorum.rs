@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::{Builder, LockClient, Topology};
 
-use super::faults::fence_key;
-use super::{lock_key, ms, RedisServer, NAMESPACE};
+use super::{fence_key, lock_key, ms, RedisServer, NAMESPACE};
 
 /// How long a client waits for one master's reply. A frozen master counts as a refusal after
 /// this: short, so that a test with frozen masters moves on, and long enough for a master that

@@ -15,7 +15,11 @@
 //!   write-back (a later majority mints a lower token: the check catches it) and once with it.
 //!
 //! The tests run one at a time ([`serial`]): each starts six servers and eight threads, and the
-//! time bounds of one must not pay for another's load on a small machine.
+//! time bounds of one must not pay for another's load on a small machine. So this is a test
+//! binary of its own, where no other quorum test runs beside them.
+
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::sync::mpsc;
 use std::thread;
@@ -24,11 +28,11 @@ use std::time::{Duration, Instant};
 use fencelock::crossbeam_channel::RecvTimeoutError;
 use fencelock::{FencedRedis, LockClient};
 
-use crate::support::faults::{fence_key, spawn_answer};
-use crate::support::fenced_workload::{resource, Workload, WorkloadConfig};
-use crate::support::history::{History, Hold};
-use crate::support::quorum::{pace, Quorum};
-use crate::support::{lock_key, ms, RedisServer, NAMESPACE};
+use support::faults::spawn_answer;
+use support::fenced_workload::{resource, Workload, WorkloadConfig};
+use support::history::{History, Hold};
+use support::quorum::{pace, Quorum};
+use support::{fence_key, lock_key, ms, RedisServer, NAMESPACE};
 
 const MASTERS: usize = 5;
 
