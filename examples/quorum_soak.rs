@@ -11,18 +11,18 @@ mod support;
 
 use std::time::Duration;
 
-use support::quorum_soak::{run, QuorumSoakConfig};
+use support::soak::{run, QuorumOf, SoakConfig};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut config = QuorumSoakConfig::default();
+    let mut config = SoakConfig::quorum();
     if let Some(secs) = args.next().and_then(|s| s.parse().ok()) {
         config.duration = Duration::from_secs(secs);
     }
     if let Some(seed) = args.next().and_then(|s| s.parse().ok()) {
         config.seed = seed;
     }
-    let report = run(&config);
+    let report = run(&mut QuorumOf::start(5), &config);
     report.print(&config);
     if !report.is_clean() {
         eprintln!("quorum soak FAILED: the lock or the fenced store broke a promise");

@@ -12,18 +12,18 @@ mod support;
 
 use std::time::Duration;
 
-use support::soak::{run, SoakConfig};
+use support::soak::{run, OneServer, SoakConfig};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut config = SoakConfig::default();
+    let mut config = SoakConfig::one_server();
     if let Some(secs) = args.next().and_then(|s| s.parse().ok()) {
         config.duration = Duration::from_secs(secs);
     }
     if let Some(seed) = args.next().and_then(|s| s.parse().ok()) {
         config.seed = seed;
     }
-    let report = run(&config);
+    let report = run(&mut OneServer::start(), &config);
     report.print(&config);
     if !report.is_clean() {
         eprintln!("soak FAILED: the lock or the fenced store broke a promise");

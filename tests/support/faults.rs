@@ -1,4 +1,4 @@
-//! Helpers shared by the fault-injection tests (`tests/fault_*.rs`): a client builder that can
+//! Helpers shared by the fault-injection tests (`tests/faults/`): a client builder that can
 //! point at a proxy, the fence counter in Redis, and bounds on calls that a fault could hang.
 
 use std::sync::mpsc;
@@ -7,16 +7,11 @@ use std::time::{Duration, Instant};
 
 use fencelock::{Builder, LockClient};
 
-use super::{ms, NAMESPACE};
+use super::{fence_key, ms, NAMESPACE};
 
 /// A client builder in the test namespace, for a server or a proxy.
 pub fn builder(url: String, lease: Duration) -> Builder {
     LockClient::builder(url).namespace(NAMESPACE).lease(lease)
-}
-
-/// The Redis fence counter key of `key` under [`NAMESPACE`].
-pub fn fence_key(key: &str) -> String {
-    format!("{NAMESPACE}:fence:{{{key}}}")
 }
 
 /// The key's fence counter (its last token), if any grant ever ran.

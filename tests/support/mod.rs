@@ -4,15 +4,17 @@
 //! (for lock holders in another process), a lock-hold history checker, a
 //! loopback TCP fault proxy and the fault-injection tests' shared helpers.
 //!
-//! Included from integration tests with `mod support;` and from benches with
+//! Included by each test binary (`tests/<area>/main.rs`) with
+//! `#[path = "../support/mod.rs"] mod support;`, by the soak examples with
+//! `#[path = "../tests/support/mod.rs"] mod support;`, and by the benches with
 //! `#[path = "../../tests/support/mod.rs"] mod support;` (in `benches/locks/server.rs`).
 
 pub mod cluster;
 pub mod faults;
+pub mod fenced_workload;
 pub mod history;
 pub mod proxy;
 pub mod quorum;
-pub mod quorum_soak;
 pub mod sentinel;
 pub mod soak;
 #[cfg(feature = "tls")]
@@ -846,6 +848,11 @@ pub fn lock_key(key: &str) -> String {
     format!("{NAMESPACE}:lock:{{{key}}}")
 }
 
+/// The Redis fence counter key of `key` under [`NAMESPACE`].
+pub fn fence_key(key: &str) -> String {
+    format!("{NAMESPACE}:fence:{{{key}}}")
+}
+
 /// Whether `key` is locked in Redis right now.
 pub fn lock_exists(con: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(lock_key(key)).query(con).unwrap()
@@ -854,6 +861,13 @@ pub fn lock_exists(con: &mut redis::Connection, key: &str) -> bool {
 /// The remaining lease of `key`'s lock in Redis, in ms (-2: not locked).
 pub fn lock_pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(lock_key(key)).query(con).unwrap()
+}
+
+/// The PostgreSQL the tests use: `DATABASE_URL`, or `postgres://postgres@127.0.0.1:5432/test` (a
+/// database `.ci/run` sets up).
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// A `LockClient` for `server`, in namespace [`NAMESPACE`], with a lease of

@@ -1,53 +1,89 @@
-//! A soak under random faults: many holders on one key, a fenced store behind them, and a fault
-//! thread that pauses, restarts and disturbs Redis. Shared by `examples/soak.rs` (minutes) and
-//! `tests/soak.rs` (seconds, in CI).
+//! A soak under random faults: threads of several clients lock keys and write through a fenced
+//! store ([`Workload`]), while a fault thread injects the faults of the deployment they run on,
+//! each kind in turn from a random start. Two deployments: [`OneServer`] (a redis-server with AOF
+//! behind a fault proxy) and [`QuorumOf`] (masters, each behind a fault proxy). Shared by
+//! `examples/soak.rs` and `examples/quorum_soak.rs` (minutes) and `tests/soak/` (seconds, in CI).
 //!
 //! What it counts, and what must stay zero:
-//! - overlaps: two holds of the key whose intervals intersect, where a hold runs from its grant to
+//! - overlaps: two holds of a key whose intervals intersect, where a hold runs from its grant to
 //!   the last moment its holder saw `is_held()` true (what a careful holder acts on);
-//! - token regressions: a grant whose token is not above every earlier grant's;
+//! - token regressions: per key, in grant order, a token not above the one before;
 //! - stale writes accepted: a fenced write applied after one with a higher token. Every accepted
-//!   write takes a sequence number from the store in the same atomic step (a fenced `incr_by`),
-//!   so the store's own order of application is what is checked.
+//!   write returns the store's count in the same atomic step (a fenced `incr_by`), so the
+//!   store's own order of application is what is checked.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fencelock::{FencedRedis, LockClient};
+use fencelock::{FencedRedis, LockClient, Topology};
 
+use super::fenced_workload::{Workload, WorkloadConfig};
+use super::history::Hold;
 use super::proxy::{Mode, Proxy};
+use super::quorum::Quorum;
 use super::{RedisServer, Rng};
+
+/// What a soak runs on: how its clients and its fenced store reach it, and what can go wrong
+/// with it.
+pub trait Deployment {
+    /// What it is, for the report.
+    fn name(&self) -> String;
+    /// Its faults, by name; [`Deployment::inject`] takes an index into them.
+    fn faults(&self) -> &'static [&'static str];
+    fn client(&self, lease: Duration) -> LockClient;
+    fn store(&self) -> FencedRedis;
+    /// Injects fault `fault` and returns once it is over (each lasts at most a few leases).
+    fn inject(&mut self, fault: usize, lease: Duration, rng: &mut Rng);
+}
 
 /// How long, how many, and how often.
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
     pub duration: Duration,
+    /// Lock-holding threads in all, spread over the clients.
     pub threads: usize,
     pub clients: usize,
+    pub keys: &'static [&'static str],
     pub lease: Duration,
     /// Mean time between faults.
     pub fault_every: Duration,
     pub seed: u64,
 }
 
-impl Default for SoakConfig {
-    fn default() -> Self {
+impl SoakConfig {
+    /// For [`OneServer`]: a minute of 8 threads over 2 clients on one key, a fault about every
+    /// 1.5 s.
+    pub fn one_server() -> SoakConfig {
         SoakConfig {
             duration: Duration::from_secs(60),
             threads: 8,
             clients: 2,
+            keys: &["key"],
             lease: Duration::from_millis(300),
             fault_every: Duration::from_millis(1_500),
             seed: 0x5eed,
+        }
+    }
+
+    /// For [`QuorumOf`]: a minute of 8 threads over 2 clients on two keys, a fault about every
+    /// second.
+    pub fn quorum() -> SoakConfig {
+        SoakConfig {
+            keys: &["a", "b"],
+            lease: Duration::from_millis(400),
+            fault_every: Duration::from_millis(1_000),
+            ..SoakConfig::one_server()
         }
     }
 }
 
 #[derive(Debug, Default)]
 pub struct SoakReport {
+    /// The deployment's name.
+    pub on: String,
     pub grants: u64,
+    pub never_held: u64,
     pub lock_errors: u64,
     pub losses_seen: u64,
     pub faults: Vec<(&'static str, u64)>,
@@ -56,15 +92,24 @@ pub struct SoakReport {
     pub writes_accepted: u64,
     pub stale_writes_rejected: u64,
     pub stale_writes_accepted: u64,
+    /// The history check's description of the first violations ("" if none).
+    pub violations: String,
 }
 
 impl SoakReport {
     pub fn print(&self, config: &SoakConfig) {
         println!(
-            "soak: {:?} of {} threads over {} clients, lease {:?}, seed {:#x}",
-            config.duration, config.threads, config.clients, config.lease, config.seed
+            "soak on {}: {:?}, {} threads over {} clients on keys {:?}, lease {:?}, seed {:#x}",
+            self.on,
+            config.duration,
+            config.threads,
+            config.clients,
+            config.keys,
+            config.lease,
+            config.seed
         );
         println!("  grants                 {}", self.grants);
+        println!("  grants never seen held {}", self.never_held);
         println!("  lock errors (faults)   {}", self.lock_errors);
         println!("  losses reported        {}", self.losses_seen);
         let faults: u64 = self.faults.iter().map(|(_, n)| n).sum();
@@ -77,6 +122,9 @@ impl SoakReport {
         println!("  overlaps               {}", self.overlaps);
         println!("  token regressions      {}", self.token_regressions);
         println!("  stale writes accepted  {}", self.stale_writes_accepted);
+        if !self.violations.is_empty() {
+            println!("  {}", self.violations);
+        }
     }
 
     pub fn is_clean(&self) -> bool {
@@ -84,184 +132,241 @@ impl SoakReport {
     }
 }
 
-const FAULTS: [&str; 5] = [
-    "pause < lease",
-    "pause > lease",
-    "connections reset",
-    "delay 50 ms",
-    "kill + restart (AOF)",
-];
-
-struct Grant {
-    token: u64,
-    start: Instant,
-    /// Last moment the holder saw is_held() true.
-    end: Instant,
-}
-
-pub fn run(config: &SoakConfig) -> SoakReport {
-    // AOF, so that the fenced store's accepted tokens survive the restarts the soak injects.
-    let server = Arc::new(Mutex::new(RedisServer::start_with(&[
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-    ])));
-    let (port, url) = {
-        let s = server.lock().unwrap();
-        (s.port(), s.url())
-    };
-    let proxy = Proxy::start(port);
+pub fn run(on: &mut impl Deployment, config: &SoakConfig) -> SoakReport {
     let clients: Vec<LockClient> = (0..config.clients)
-        .map(|_| {
-            LockClient::builder(proxy.url())
-                .namespace("soak")
-                .lease(config.lease)
-                .connection_timeout(Duration::from_secs(1))
-                .response_timeout(Duration::from_secs(1))
-                .build()
-                .unwrap()
-        })
+        .map(|_| on.client(config.lease))
         .collect();
-    let store = FencedRedis::open(&url)
-        .unwrap()
-        .with_namespace("soak")
-        .unwrap();
+    let store = on.store();
+    let workload = WorkloadConfig {
+        threads_per_client: config.threads.div_ceil(config.clients.max(1)),
+        max_run: config.duration + Duration::from_secs(30),
+        seed: config.seed,
+        ..WorkloadConfig::new(config.keys, config.lease)
+    };
+    let load = Workload::start(&clients, &store, &workload);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(Mutex::new(Vec::<Grant>::new()));
-    let writes = Arc::new(Mutex::new(Vec::<(i64, u64)>::new()));
-    let lock_errors = Arc::new(AtomicU64::new(0));
-    let losses = Arc::new(AtomicU64::new(0));
-    let stale_rejected = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + config.duration;
-
-    let workers: Vec<_> = (0..config.threads)
-        .map(|t| {
-            let client = clients[t % clients.len()].clone();
-            let store = store.clone();
-            let (stop, grants, writes) = (stop.clone(), grants.clone(), writes.clone());
-            let (lock_errors, losses, stale_rejected) =
-                (lock_errors.clone(), losses.clone(), stale_rejected.clone());
-            let mut rng = Rng(config.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
-                    let guard = match client.try_lock("key", Duration::from_secs(2)) {
-                        Ok(Some(guard)) => guard,
-                        Ok(None) => continue,
-                        Err(_) => {
-                            lock_errors.fetch_add(1, Ordering::Relaxed);
-                            thread::sleep(Duration::from_millis(10));
-                            continue;
-                        }
-                    };
-                    let start = Instant::now();
-                    let token = guard.token();
-                    let mut last_held = start;
-                    if guard.is_held() {
-                        last_held = Instant::now();
-                    }
-                    thread::sleep(Duration::from_micros(rng.below(2_000)));
-                    if guard.is_held() {
-                        last_held = Instant::now();
-                        match store.incr_by("seq", token, 1) {
-                            Ok(seq) => writes.lock().unwrap().push((seq, token.as_u64())),
-                            Err(e) if e.is_stale_token() => {
-                                stale_rejected.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                    if guard.is_held() {
-                        last_held = Instant::now();
-                    } else {
-                        losses.fetch_add(1, Ordering::Relaxed);
-                    }
-                    grants.lock().unwrap().push(Grant {
-                        token: token.as_u64(),
-                        start,
-                        end: last_held,
-                    });
-                    let _ = guard.unlock();
-                }
-            })
-        })
-        .collect();
-
+    let faults = on.faults();
     let mut rng = Rng(config.seed);
-    let mut injected = [0u64; FAULTS.len()];
+    let mut injected = vec![0u64; faults.len()];
     let mean = config.fault_every.as_millis() as u64;
-    while Instant::now() < end {
+    let end = Instant::now() + config.duration;
+    // Bounded in time by `end` (each fault lasts at most a few leases) and in count.
+    let first = rng.below(faults.len() as u64) as usize;
+    for round in 0..100_000 {
         let gap = Duration::from_millis(mean / 2 + rng.below(mean));
         thread::sleep(gap.min(end.saturating_duration_since(Instant::now())));
         if Instant::now() >= end {
             break;
         }
-        let fault = rng.below(FAULTS.len() as u64) as usize;
+        // Every kind in turn, from a random start: a short run still sees each of them.
+        let fault = (first + round) % faults.len();
         injected[fault] += 1;
-        match fault {
-            0 | 1 => {
-                let pause = if fault == 0 {
-                    config.lease / 3
-                } else {
-                    config.lease * 2
-                };
-                let s = server.lock().unwrap();
-                s.pause();
-                thread::sleep(pause);
-                s.resume();
-            }
-            2 => proxy.close_connections(),
-            3 => {
-                proxy.set_mode(Mode::Delay(Duration::from_millis(50)));
-                thread::sleep(config.lease);
-                proxy.set_mode(Mode::Pass);
-            }
-            _ => {
-                let mut s = server.lock().unwrap();
-                s.kill();
-                s.restart();
-            }
-        }
+        on.inject(fault, config.lease, &mut rng);
     }
-    stop.store(true, Ordering::Relaxed);
-    for worker in workers {
-        worker.join().unwrap();
-    }
+    let outcome = load.stop();
 
-    let mut grants = std::mem::take(&mut *grants.lock().unwrap());
-    grants.sort_by_key(|g| g.start);
     let mut report = SoakReport {
-        grants: grants.len() as u64,
-        lock_errors: lock_errors.load(Ordering::Relaxed),
-        losses_seen: losses.load(Ordering::Relaxed),
-        faults: FAULTS.iter().copied().zip(injected).collect(),
-        stale_writes_rejected: stale_rejected.load(Ordering::Relaxed),
+        on: on.name(),
+        grants: outcome.grants,
+        never_held: outcome.never_held,
+        lock_errors: outcome.errors,
+        losses_seen: outcome.lost,
+        faults: faults.iter().copied().zip(injected).collect(),
+        writes_accepted: outcome.writes.len() as u64,
+        stale_writes_rejected: outcome.stale_rejected,
+        stale_writes_accepted: outcome.stale_accepted(),
+        violations: outcome.history.check().err().unwrap_or_default(),
         ..SoakReport::default()
     };
-    // Only holds a holder acted on count: a grant whose reply came after its lease had already
-    // ended (a pause, a delay) is never seen held, so its holder does nothing with it. Between
-    // acted-on holds, client-side start order is grant order.
-    let (mut latest_end, mut highest) = (None::<Instant>, 0u64);
-    for g in grants.iter().filter(|g| g.end > g.start) {
-        if latest_end.is_some_and(|e| g.start < e) {
-            report.overlaps += 1;
-        }
-        latest_end = Some(latest_end.map_or(g.end, |e| e.max(g.end)));
-        if g.token <= highest {
-            report.token_regressions += 1;
-        }
-        highest = g.token;
+    // Only holds a holder acted on are recorded: a grant whose reply came after its lease had
+    // already ended (a pause, a delay) is never seen held, so its holder does nothing with it.
+    // Between acted-on holds of a key, start order is grant order.
+    let mut by_key: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
+    for hold in outcome.history.holds() {
+        by_key.entry(hold.key.clone()).or_default().push(hold);
     }
-    let mut writes = std::mem::take(&mut *writes.lock().unwrap());
-    writes.sort();
-    report.writes_accepted = writes.len() as u64;
-    let mut highest = 0u64;
-    for (_, token) in &writes {
-        if *token < highest {
-            report.stale_writes_accepted += 1;
+    for holds in by_key.values_mut() {
+        holds.sort_by_key(|h| h.start);
+        let (mut latest_end, mut highest) = (None::<Instant>, 0u64);
+        for h in holds.iter() {
+            if latest_end.is_some_and(|e| h.start < e) {
+                report.overlaps += 1;
+            }
+            latest_end = Some(latest_end.map_or(h.end, |e| e.max(h.end)));
+            if h.token <= highest {
+                report.token_regressions += 1;
+            }
+            highest = highest.max(h.token);
         }
-        highest = highest.max(*token);
     }
+    drop(clients);
     report
+}
+
+/// One redis-server behind a fault proxy, which the clients go through. AOF (fsync always), so
+/// that the fenced store, on the same server and reached directly, keeps its accepted tokens
+/// across the restarts.
+pub struct OneServer {
+    server: RedisServer,
+    proxy: Proxy,
+}
+
+impl OneServer {
+    pub fn start() -> OneServer {
+        let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let proxy = Proxy::start(server.port());
+        OneServer { server, proxy }
+    }
+}
+
+impl Deployment for OneServer {
+    fn name(&self) -> String {
+        "one server".to_owned()
+    }
+
+    fn faults(&self) -> &'static [&'static str] {
+        &[
+            "pause < lease",
+            "pause > lease",
+            "connections reset",
+            "delay 50 ms",
+            "kill + restart (AOF)",
+        ]
+    }
+
+    fn client(&self, lease: Duration) -> LockClient {
+        LockClient::builder(self.proxy.url())
+            .namespace("soak")
+            .lease(lease)
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap_or_else(|e| panic!("a client: {e}"))
+    }
+
+    fn store(&self) -> FencedRedis {
+        FencedRedis::open(self.server.url())
+            .and_then(|store| store.with_namespace("soak"))
+            .unwrap_or_else(|e| panic!("the fenced store: {e}"))
+    }
+
+    fn inject(&mut self, fault: usize, lease: Duration, _: &mut Rng) {
+        match fault {
+            0 | 1 => {
+                self.server.pause();
+                thread::sleep(if fault == 0 { lease / 3 } else { lease * 2 });
+                self.server.resume();
+            }
+            2 => self.proxy.close_connections(),
+            3 => {
+                self.proxy.set_mode(Mode::Delay(Duration::from_millis(50)));
+                thread::sleep(lease);
+                self.proxy.set_mode(Mode::Pass);
+            }
+            _ => {
+                self.server.kill();
+                self.server.restart();
+            }
+        }
+    }
+}
+
+/// A quorum of masters, each behind a fault proxy, with faults of up to two of them at a time;
+/// the fenced store on a server of its own.
+pub struct QuorumOf {
+    quorum: Quorum,
+    proxies: Vec<Proxy>,
+    topology: Topology,
+    store: RedisServer,
+}
+
+impl QuorumOf {
+    pub fn start(masters: usize) -> QuorumOf {
+        let quorum = Quorum::start(masters);
+        let proxies: Vec<Proxy> = quorum.ports().into_iter().map(Proxy::start).collect();
+        let topology = Topology::quorum(proxies.iter().map(Proxy::url));
+        QuorumOf {
+            quorum,
+            proxies,
+            topology,
+            store: RedisServer::start(),
+        }
+    }
+
+    /// Two distinct masters.
+    fn two(&self, rng: &mut Rng) -> (usize, usize) {
+        let n = self.quorum.len();
+        let i = rng.below(n as u64) as usize;
+        let j = (i + 1 + rng.below(n as u64 - 1) as usize) % n;
+        (i, j)
+    }
+}
+
+impl Deployment for QuorumOf {
+    fn name(&self) -> String {
+        format!("a quorum of {} masters", self.quorum.len())
+    }
+
+    fn faults(&self) -> &'static [&'static str] {
+        &[
+            "freeze 1 < lease",
+            "freeze 1 > lease",
+            "freeze 2 > lease",
+            "kill + wipe + restart",
+            "wipe 1 + freeze 1",
+            "delay 2 by 50 ms",
+            "connections reset",
+        ]
+    }
+
+    fn client(&self, lease: Duration) -> LockClient {
+        self.quorum
+            .builder_on(self.topology.clone(), lease)
+            .build()
+            .unwrap_or_else(|e| panic!("a quorum client: {e}"))
+    }
+
+    fn store(&self) -> FencedRedis {
+        FencedRedis::open(self.store.url()).unwrap_or_else(|e| panic!("the fenced store: {e}"))
+    }
+
+    fn inject(&mut self, fault: usize, lease: Duration, rng: &mut Rng) {
+        let (i, j) = self.two(rng);
+        let quorum = &mut self.quorum;
+        match fault {
+            0 | 1 => {
+                quorum.freeze(i);
+                thread::sleep(if fault == 0 { lease / 2 } else { lease * 2 });
+                quorum.thaw(i);
+            }
+            2 => {
+                quorum.freeze(i);
+                quorum.freeze(j);
+                thread::sleep(lease * 2);
+                quorum.thaw(i);
+                quorum.thaw(j);
+            }
+            3 => {
+                quorum.kill_and_wipe(i);
+                // Sleeps until the master has been down for longer than the lease.
+                quorum.restart(i);
+            }
+            4 => {
+                quorum.kill_and_wipe(i);
+                quorum.freeze(j);
+                quorum.restart(i);
+                quorum.thaw(j);
+            }
+            5 => {
+                for k in [i, j] {
+                    self.proxies[k].set_mode(Mode::Delay(Duration::from_millis(50)));
+                }
+                thread::sleep(lease);
+                for k in [i, j] {
+                    self.proxies[k].set_mode(Mode::Pass);
+                }
+            }
+            _ => self.proxies[i].close_connections(),
+        }
+    }
 }

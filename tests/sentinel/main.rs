@@ -1,0 +1,14 @@
+//! Redis Sentinel and replication: a client follows the master through failovers, tokens never
+//! go backwards across a failover that lost writes, credentials and TLS reach every process, and
+//! the Sentinel test set-up itself works.
+//!
+//! CI runs `follow_master` and `failover` a second time on Valkey (a Redis 7.2-compatible
+//! server).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod auth;
+mod failover;
+mod follow_master;
+mod harness;

@@ -1,0 +1,72 @@
+//! Short soaks under random faults, on one server and on a quorum of five (the long ones are
+//! `examples/soak.rs` and `examples/quorum_soak.rs`): no overlapping holds, no token
+//! regressions, no stale write accepted.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use support::soak::{run, OneServer, QuorumOf, SoakConfig};
+
+/// One soak at a time, as when each was a test binary of its own: each loads the machine by
+/// itself, and its counts of grants and faults are bounds.
+fn alone() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[test]
+fn a_short_soak_under_random_faults_keeps_every_promise() {
+    let _alone = alone();
+    let config = SoakConfig {
+        duration: Duration::from_secs(12),
+        fault_every: Duration::from_millis(800),
+        ..SoakConfig::one_server()
+    };
+    let report = run(&mut OneServer::start(), &config);
+    report.print(&config);
+    let faults: u64 = report.faults.iter().map(|(_, n)| n).sum();
+    assert!(faults >= 5, "only {faults} faults injected");
+    assert!(
+        report.grants >= 100,
+        "only {} grants: the soak proves little",
+        report.grants
+    );
+    assert!(
+        report.writes_accepted >= 50,
+        "only {} fenced writes",
+        report.writes_accepted
+    );
+    assert_eq!(report.overlaps, 0, "{report:?}");
+    assert_eq!(report.token_regressions, 0, "{report:?}");
+    assert_eq!(report.stale_writes_accepted, 0, "{report:?}");
+}
+
+#[test]
+fn a_short_quorum_soak_under_random_faults_keeps_every_promise() {
+    let _alone = alone();
+    let config = SoakConfig {
+        duration: Duration::from_secs(12),
+        fault_every: Duration::from_millis(700),
+        ..SoakConfig::quorum()
+    };
+    let report = run(&mut QuorumOf::start(5), &config);
+    report.print(&config);
+    let faults: u64 = report.faults.iter().map(|(_, n)| n).sum();
+    assert!(faults >= 5, "only {faults} faults injected");
+    assert!(
+        report.grants >= 100,
+        "only {} grants: the soak proves little",
+        report.grants
+    );
+    assert!(
+        report.writes_accepted >= 50,
+        "only {} fenced writes",
+        report.writes_accepted
+    );
+    assert_eq!(report.overlaps, 0, "{report:?}");
+    assert_eq!(report.token_regressions, 0, "{report:?}");
+    assert_eq!(report.stale_writes_accepted, 0, "{report:?}");
+}
