@@ -31,8 +31,9 @@ pub struct WorkloadConfig {
     pub keys: Vec<String>,
     /// `try_lock`'s timeout.
     pub wait: Duration,
-    /// A long hold (one in eight): longer than a lease, so that renewal runs.
+    /// A long hold, one in `long_one_in`: longer than a lease, so that renewal runs.
     pub long_hold: Duration,
+    pub long_one_in: u64,
     /// No thread runs longer than this, whatever `stop` does.
     pub max_run: Duration,
     pub seed: u64,
@@ -45,6 +46,7 @@ impl WorkloadConfig {
             keys: keys.iter().map(|k| (*k).to_owned()).collect(),
             wait: Duration::from_secs(1),
             long_hold: lease * 3 / 2,
+            long_one_in: 8,
             max_run: Duration::from_secs(60),
             seed: 0x5eed,
         }
@@ -101,7 +103,7 @@ impl Workload {
                         match client.try_lock(key, config.wait) {
                             Ok(Some(guard)) => {
                                 shared.grants.fetch_add(1, Ordering::Relaxed);
-                                let time = if rng.below(8) == 0 {
+                                let time = if rng.below(config.long_one_in) == 0 {
                                     config.long_hold
                                 } else {
                                     Duration::from_micros(1_000 + rng.below(4_000))
