@@ -19,19 +19,23 @@
 //! | the head left with the lock, and it was lost, not released | the next, within a second: a thread that is not the head looks again every second |
 //! | no message (subscriptions down, a holder that died) | the head's own timer: 20 ms after a refusal, doubling to 2 s, never past the holder's remaining lease as the refusals reported it; with jitter |
 //!
+//! The local queue itself (arrival order, who is head, who wakes whom as waiters leave) is the
+//! one both engines share, `queue.rs`; this file keeps beside it which release last woke a key,
+//! and how many waiters the listeners serve.
+//!
 //! A listener connects only while someone waits after a refusal, and lets go of its subscription
 //! 5 s after the last such waiter left, so a client whose locks are granted at once costs the
 //! masters nothing: a release reaches only the clients waiting in the namespace.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 
 use crate::net::connector::Connector;
+use crate::queue::{self, Left, Place, Queues};
 
 /// How long a listener waits for a message before it checks its connection and its waiters.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -41,31 +45,31 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The local queues of one quorum client, and what its listeners need.
 pub(crate) struct Waiters {
-    queues: Mutex<HashMap<String, Queue>>,
+    queues: Arc<Queues<Entry, (), PerKey>>,
     /// How many threads wait, for the listeners; they sleep on `someone` while it is 0.
     waiting: Mutex<usize>,
     someone: Condvar,
-    next_slot: AtomicU64,
     /// `<namespace>:freed:`: the channels' common prefix.
     prefix: String,
     started: Mutex<bool>,
 }
 
+/// What this engine keeps of each key while it has waiters.
 #[derive(Default)]
-struct Queue {
-    slots: VecDeque<Arc<Slot>>,
+struct PerKey {
     /// The owner id of the last release that woke the head: the same release heard from
     /// another master wakes nobody.
     last_released: String,
 }
 
-struct Slot {
-    id: u64,
-    tx: Sender<()>,
-    rx: Receiver<()>,
+/// What this engine keeps of each waiter in its key's queue.
+struct Entry {
     /// Counted among the waiters the listeners serve (after its first refusal).
-    listening: std::sync::atomic::AtomicBool,
+    listening: AtomicBool,
 }
+
+/// How a wait ended.
+pub(crate) type Waited = queue::Waited<()>;
 
 /// The channel a release of the key `tag` publishes on.
 pub(crate) fn channel(namespace: &str, tag: &str) -> String {
@@ -75,70 +79,49 @@ pub(crate) fn channel(namespace: &str, tag: &str) -> String {
 impl Waiters {
     pub(crate) fn new(namespace: &str) -> Waiters {
         Waiters {
-            queues: Mutex::default(),
+            queues: Arc::default(),
             waiting: Mutex::new(0),
             someone: Condvar::new(),
-            next_slot: AtomicU64::new(0),
             prefix: format!("{namespace}:freed:"),
             started: Mutex::new(false),
         }
     }
 
-    fn queues(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
-        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Joins the local queue of `tag`.
     pub(crate) fn join(self: &Arc<Self>, tag: &str) -> Ticket {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let slot = Arc::new(Slot {
-            id: self.next_slot.fetch_add(1, Ordering::Relaxed),
-            tx,
-            rx,
-            listening: std::sync::atomic::AtomicBool::new(false),
-        });
-        self.queues()
-            .entry(tag.to_owned())
-            .or_default()
-            .slots
-            .push_back(Arc::clone(&slot));
+        let entry = Entry {
+            listening: AtomicBool::new(false),
+        };
         Ticket {
             waiters: Arc::clone(self),
-            tag: tag.to_owned(),
-            slot,
+            place: self.queues.join(tag, entry),
             granted: false,
         }
     }
 
     /// Wakes the thread at the head of `tag`'s queue, if any.
     pub(crate) fn wake_head(&self, tag: &str) {
-        if let Some(head) = self.queues().get(tag).and_then(|q| q.slots.front()) {
-            let _ = head.tx.try_send(());
-        }
+        self.queues.wake_head(tag);
     }
 
     /// Wakes the head of `tag`'s queue for the release of `owner`, unless that release already
     /// woke it (heard from another master).
     fn wake_head_for(&self, tag: &str, owner: &str) {
-        let mut queues = self.queues();
+        let mut queues = self.queues.lock();
         let Some(queue) = queues.get_mut(tag) else {
             return;
         };
-        if !owner.is_empty() && queue.last_released == owner {
+        if !owner.is_empty() && queue.per_key.last_released == owner {
             return;
         }
-        owner.clone_into(&mut queue.last_released);
-        if let Some(head) = queue.slots.front() {
-            let _ = head.tx.try_send(());
+        owner.clone_into(&mut queue.per_key.last_released);
+        if let Some(head) = queue.head() {
+            head.wake(());
         }
     }
 
     fn wake_all_heads(&self) {
-        for queue in self.queues().values() {
-            if let Some(head) = queue.slots.front() {
-                let _ = head.tx.try_send(());
-            }
-        }
+        self.queues.wake_all_heads();
     }
 
     fn waiting(&self) -> usize {
@@ -187,24 +170,19 @@ impl Waiters {
 /// next.
 pub(crate) struct Ticket {
     waiters: Arc<Waiters>,
-    tag: String,
-    slot: Arc<Slot>,
+    place: Place<Entry, (), PerKey>,
     granted: bool,
 }
 
 impl Ticket {
     pub(crate) fn is_head(&self) -> bool {
-        self.waiters
-            .queues()
-            .get(&self.tag)
-            .and_then(|q| q.slots.front())
-            .is_some_and(|head| head.id == self.slot.id)
+        self.place.is_head()
     }
 
     /// The head was refused: from now on the listeners serve it (they subscribe, started at the
     /// client's first refusal).
     pub(crate) fn refused(&self, connector: &Arc<Connector>, connection_timeout: Duration) {
-        if self.slot.listening.swap(true, Ordering::Relaxed) {
+        if self.place.waiter().listening.swap(true, Ordering::Relaxed) {
             return;
         }
         self.waiters.start_listeners(connector, connection_timeout);
@@ -223,47 +201,33 @@ impl Ticket {
 
     /// Waits for a wake until `until`, or for `cancel`; returns what came.
     pub(crate) fn wait(&self, until: Instant, cancel: Option<&Receiver<()>>) -> Waited {
-        let never = crossbeam_channel::never();
-        let cancel = cancel.unwrap_or(&never);
-        let timeout = crossbeam_channel::at(until);
-        crossbeam_channel::select! {
-            recv(self.slot.rx) -> _ => Waited::Woken,
-            recv(cancel) -> _ => Waited::Cancelled,
-            recv(timeout) -> _ => Waited::Timer,
-        }
+        self.place.wait(Some(until), cancel)
     }
 
     /// Whether a release of `owner` was heard (and its repeats are being dropped).
     pub(crate) fn heard_release_of(&self, owner: &str) -> bool {
         self.waiters
-            .queues()
-            .get(&self.tag)
-            .is_some_and(|q| !owner.is_empty() && q.last_released == owner)
+            .queues
+            .lock()
+            .get(self.place.tag())
+            .is_some_and(|q| !owner.is_empty() && q.per_key.last_released == owner)
     }
 
-    /// Drops a wake that came meanwhile (a message about the release our own attempt raced).
+    /// Drops the wakes that came meanwhile (a message about the release our own attempt raced).
     pub(crate) fn clear(&self) {
-        let _ = self.slot.rx.try_recv();
+        self.place.pending().for_each(drop);
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut queues = self.waiters.queues();
-        if let Some(queue) = queues.get_mut(&self.tag) {
-            queue.slots.retain(|s| s.id != self.slot.id);
-            match queue.slots.front() {
-                Some(next) if !self.granted => {
-                    let _ = next.tx.try_send(());
-                }
-                Some(_) => {}
-                None => {
-                    queues.remove(&self.tag);
-                }
-            }
-        }
-        drop(queues);
-        if self.slot.listening.load(Ordering::Relaxed) {
+        let how = if self.granted {
+            Left::WithGrant
+        } else {
+            Left::WithoutGrant
+        };
+        self.place.leave(how, |_| true);
+        if self.place.waiter().listening.load(Ordering::Relaxed) {
             let mut waiting = self
                 .waiters
                 .waiting
@@ -272,12 +236,6 @@ impl Drop for Ticket {
             *waiting = waiting.saturating_sub(1);
         }
     }
-}
-
-pub(crate) enum Waited {
-    Woken,
-    Timer,
-    Cancelled,
 }
 
 /// One master's subscription, held while the client has waiters (and `LINGER` after).
