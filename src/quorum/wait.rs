@@ -25,7 +25,8 @@
 //!
 //! A listener connects only while someone waits after a refusal, and lets go of its subscription
 //! 5 s after the last such waiter left, so a client whose locks are granted at once costs the
-//! masters nothing: a release reaches only the clients waiting in the namespace.
+//! masters nothing: a release reaches only the clients waiting in the namespace. The
+//! subscription's loop (heartbeat, reconnection, linger) is `net/subscriber.rs`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
@@ -35,13 +36,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::net::connector::Connector;
+use crate::net::subscriber::{self, Need, Subscriber, HEARTBEAT};
 use crate::queue::{self, Left, Place, Queues};
-
-/// How long a listener waits for a message before it checks its connection and its waiters.
-const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long a subscription outlives the last waiter: a busy key's waiters come and go.
-const LINGER: Duration = Duration::from_secs(5);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The local queues of one quorum client, and what its listeners need.
 pub(crate) struct Waiters {
@@ -148,7 +144,7 @@ impl Waiters {
         }
         *started = true;
         for index in 0..connector.masters() {
-            let listener = Listener {
+            let mut listener = Listener {
                 index,
                 connector: Arc::clone(connector),
                 waiters: Arc::downgrade(self),
@@ -157,7 +153,7 @@ impl Waiters {
             };
             let spawned = thread::Builder::new()
                 .name(format!("fencelock-freed-{index}"))
-                .spawn(move || listener.run());
+                .spawn(move || subscriber::run(&mut listener));
             if let Err(e) = spawned {
                 // Waiters still learn of releases by their timers, a little later.
                 log::warn!("fencelock: could not start a quorum listener: {e}");
@@ -238,7 +234,7 @@ impl Drop for Ticket {
     }
 }
 
-/// One master's subscription, held while the client has waiters (and `LINGER` after).
+/// One master's subscription, held while the client has waiters (and a linger after).
 struct Listener {
     index: usize,
     connector: Arc<Connector>,
@@ -247,106 +243,69 @@ struct Listener {
     connect_timeout: Duration,
 }
 
-impl Listener {
-    fn run(self) {
-        let mut backoff = Duration::from_millis(10);
-        let mut warned = false;
+impl Subscriber for Listener {
+    /// Idle until someone waits; ends with the client.
+    fn wait_until_needed(&mut self) -> bool {
         loop {
-            // Idle until someone waits; ends with the client.
-            loop {
-                let Some(waiters) = self.waiters.upgrade() else {
-                    return;
-                };
-                let waiting = waiters
-                    .waiting
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if *waiting > 0 {
-                    break;
-                }
-                let _ = waiters
-                    .someone
-                    .wait_timeout(waiting, HEARTBEAT)
-                    .unwrap_or_else(PoisonError::into_inner);
+            let Some(waiters) = self.waiters.upgrade() else {
+                return false;
+            };
+            let waiting = waiters
+                .waiting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *waiting > 0 {
+                return true;
             }
-            match self.listen(&mut backoff) {
-                Ok(()) => {}
-                Err(e) => {
-                    if e.code() == Some("NOPERM") && !std::mem::replace(&mut warned, true) {
-                        log::warn!(
-                            "fencelock: may not subscribe to {:?} on quorum master {}, so \
-                             waiters learn of releases only when the holder's lease ends (the \
-                             ACL user needs the channel pattern '&<namespace>:freed:*'): {e}",
-                            self.pattern,
-                            self.index
-                        );
-                    } else {
-                        log::debug!(
-                            "fencelock: quorum master {} subscription down: {e}",
-                            self.index
-                        );
-                    }
-                    thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
+            let _ = waiters
+                .someone
+                .wait_timeout(waiting, HEARTBEAT)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 
-    /// Subscribes and delivers until nobody has waited for `LINGER` or the client is gone
-    /// (`Ok`), or the connection fails (`Err`).
-    fn listen(&self, backoff: &mut Duration) -> redis::RedisResult<()> {
-        let mut con = self
-            .connector
-            .master(self.index, self.connect_timeout, HEARTBEAT)?;
-        con.send_packed_command(
-            &redis::cmd("PSUBSCRIBE")
-                .arg(&self.pattern)
-                .get_packed_command(),
-        )?;
-        con.recv_response()?.extract_error()?;
-        *backoff = Duration::from_millis(10);
+    fn needed(&mut self) -> Need {
         match self.waiters.upgrade() {
-            Some(waiters) => waiters.wake_all_heads(),
-            None => return Ok(()),
+            None => Need::Never,
+            Some(waiters) if waiters.waiting() == 0 => Need::NotNow,
+            Some(_) => Need::Now,
         }
-        let mut pubsub = con.as_pubsub();
-        let mut heard = Instant::now();
-        let mut idle_since: Option<Instant> = None;
-        loop {
-            let quiet = match pubsub.get_message() {
-                Ok(msg) => {
-                    heard = Instant::now();
-                    match self.waiters.upgrade() {
-                        Some(waiters) => {
-                            waiters
-                                .heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
-                        }
-                        None => return Ok(()),
-                    }
-                    false
-                }
-                Err(e) if e.is_timeout() || crate::net::wire::interrupted(&e) => {
-                    heard.elapsed() >= HEARTBEAT
-                }
-                Err(e) => return Err(e),
-            };
-            let Some(waiters) = self.waiters.upgrade() else {
-                return Ok(());
-            };
-            if waiters.waiting() == 0 {
-                let since = *idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= LINGER {
-                    return Ok(());
-                }
-            } else {
-                idle_since = None;
-            }
-            if quiet {
-                heard = Instant::now();
-                // A half-open connection would otherwise swallow every release silently.
-                pubsub.ping::<()>()?;
-            }
+    }
+
+    fn connect(&mut self) -> redis::RedisResult<redis::Connection> {
+        self.connector
+            .master(self.index, self.connect_timeout, HEARTBEAT)
+    }
+
+    fn subscribe(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("PSUBSCRIBE");
+        cmd.arg(&self.pattern);
+        cmd
+    }
+
+    fn subscribed(&mut self) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.wake_all_heads();
         }
+    }
+
+    fn message(&mut self, msg: &redis::Msg) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
+        }
+    }
+
+    fn not_permitted(&self, e: &redis::RedisError) {
+        log::warn!(
+            "fencelock: may not subscribe to {:?} on quorum master {}, so waiters learn of \
+             releases only when the holder's lease ends (the ACL user needs the channel pattern \
+             '&<namespace>:freed:*'): {e}",
+            self.pattern,
+            self.index
+        );
+    }
+
+    fn name(&self) -> String {
+        format!("quorum master {}'s subscription", self.index)
     }
 }
