@@ -70,7 +70,7 @@ impl queue::Wake for Wake {
 pub(crate) type Waited = queue::Waited<Wake>;
 
 /// What this engine keeps of each waiter in its key's queue.
-pub(crate) struct Entry {
+struct Entry {
     owner: String,
     lease: Duration,
     /// Where the waiter stands. Its own thread moves it between attempts; a release naming it, a
