@@ -358,6 +358,7 @@ mod metrics;
 #[cfg(test)]
 mod model;
 mod net;
+mod queue;
 mod scripts;
 // What a user configures and is told.
 mod config;

@@ -1,9 +1,10 @@
 //! What the crate's concurrent bookkeeping locks and signals with in its unit tests: std's and
 //! crossbeam's primitives, or Shuttle's when made inside a Shuttle execution, so that a model
-//! check controls and explores every interleaving of the critical sections and the waits. Outside
-//! one they are std's and crossbeam's, as in a build. Users: the local wait queues (`one_master/wait.rs`)
-//! and the unlock combiner (`net/pool/combine.rs`), which import these instead of std's only under
-//! `cfg(test)`.
+//! check controls and explores every interleaving of the critical sections and the waits.
+//! Outside one they are std's and crossbeam's, as in a build. Users: the local wait queues
+//! (`queue.rs`) with the waiter states the one-master engine keeps in them
+//! (`one_master/wait.rs`), and the unlock combiner (`net/pool/combine.rs`), which import these
+//! instead of std's only under `cfg(test)`.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{LockResult, PoisonError};

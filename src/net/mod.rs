@@ -11,12 +11,14 @@
 //! | `connector.rs` | where connections come from: one server, or `sentinel.rs` and `cluster.rs` under `connector/` |
 //! | `router.rs` | which pool a key's call goes to, and following a cluster's redirects |
 //! | `pool.rs` | the connection pool of one node; `pool/combine.rs` batches unlocks |
+//! | `subscriber.rs` | one pub/sub subscription held by a thread: heartbeat, reconnection, linger |
 //! | `wire.rs` | RESP encoding of our commands and reading their replies |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, and telling a failed handshake from an outage |
 
 pub(crate) mod connector;
 pub(crate) mod pool;
 pub(crate) mod router;
+pub(crate) mod subscriber;
 pub(crate) mod tls;
 pub(crate) mod url;
 pub(crate) mod wire;

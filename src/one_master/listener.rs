@@ -6,6 +6,11 @@
 //! one process. While the connection is down, messages are lost: every (re)subscription wakes
 //! every head of a local queue to attempt again, and an attempt that finds the lock already its
 //! own takes it.
+//!
+//! The subscription's loop (heartbeat, reconnection, the NOPERM warning) is `net/subscriber.rs`;
+//! this file says what to subscribe to and where, follows the master when Sentinel moves it,
+//! and delivers the handoffs it hears. On a Cluster, `listener/sharded.rs` hears the handoffs
+//! published on the keys' shard channels.
 
 mod sharded;
 
@@ -13,19 +18,16 @@ pub(crate) use sharded::{wake, Sharded};
 
 use std::sync::{Arc, Weak};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::wait::Waiters;
 use crate::net::connector::{Connector, Node};
+use crate::net::subscriber::{self, Need, Subscriber, HEARTBEAT};
 use crate::token::FencingToken;
 
-/// How often an idle pub/sub connection is checked with a PING, and how often the listener
-/// notices that its client is gone.
-const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How often the listener looks whether the master moved, where it can (Sentinel): releases
 /// published on the new master go unheard until it subscribes there.
 const FOLLOW: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Starts the listener: one thread and one pub/sub connection per client. It holds only a
 /// `Weak` to the queues, and exits within a heartbeat of the client being dropped.
@@ -39,110 +41,94 @@ pub(crate) fn spawn(
     thread::Builder::new()
         .name("fencelock-wake".to_owned())
         .spawn(move || {
-            let listener = Listener {
-                connector: &connector,
-                channel: &channel,
-                prefix: &prefix,
+            let mut listener = Listener {
+                connector,
+                channel,
+                prefix,
                 connection_timeout,
-                waiters: &waiters,
+                waiters,
+                epoch: 0,
             };
-            listener.dispatch();
+            subscriber::run(&mut listener);
         })
         .map(drop)
 }
 
-struct Listener<'a> {
-    connector: &'a Connector,
-    channel: &'a str,
+/// The release channel's subscription.
+struct Listener {
+    connector: Arc<Connector>,
+    channel: String,
     /// This client's owner ids start with it. Releases publish on our channel only handoffs to
     /// our waiters, but a message for another owner (a `PUBLISH` by hand) is not ours to take.
-    prefix: &'a str,
+    prefix: String,
     connection_timeout: Duration,
-    waiters: &'a Weak<Waiters>,
+    waiters: Weak<Waiters>,
+    /// The master's epoch when the connection was made: a failover changes it (Sentinel).
+    epoch: u64,
 }
 
-impl Listener<'_> {
-    fn dispatch(&self) {
-        let channel = self.channel;
-        let mut backoff = Duration::from_millis(10);
-        let mut warned = false;
-        while self.waiters.strong_count() > 0 {
-            let Err(e) = self.listen(&mut backoff) else {
-                return;
-            };
-            // A configuration error, not an outage: say so once, loudly. Waiters still get the
-            // lock, a lease late, when they look again.
-            if e.code() == Some("NOPERM") && !std::mem::replace(&mut warned, true) {
-                log::warn!(
-                    "fencelock: may not subscribe to {channel:?}, so handoffs go unheard \
-                     (the ACL user needs the channel pattern '&<namespace>:released:*'): {e}"
-                );
-            } else {
-                log::debug!("fencelock: release channel {channel:?} down, reconnecting: {e}");
-            }
-            thread::sleep(backoff);
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+impl Subscriber for Listener {
+    fn wait_until_needed(&mut self) -> bool {
+        self.waiters.strong_count() > 0
+    }
+
+    fn needed(&mut self) -> Need {
+        if self.waiters.strong_count() > 0 {
+            Need::Now
+        } else {
+            Need::Never
         }
     }
 
-    /// Subscribes and dispatches until the client is gone (`Ok`) or the connection fails (`Err`).
-    fn listen(&self, backoff: &mut Duration) -> redis::RedisResult<()> {
-        let Listener {
-            connector,
-            channel,
-            connection_timeout,
-            waiters,
-            ..
-        } = *self;
+    fn connect(&mut self) -> redis::RedisResult<redis::Connection> {
         // Bounded so that, with Redis unreachable, the thread still notices its client is gone.
-        let connect_timeout = connection_timeout.min(Duration::from_secs(5));
-        let epoch = connector.epoch(Node::SINGLE);
-        let mut con = connector.subscriber(connect_timeout, HEARTBEAT)?;
-        subscribe(&mut con, channel)?;
-        // Wait for messages in steps of `poll`; the PING and its reply keep the heartbeat.
-        let poll = if connector.moves() { FOLLOW } else { HEARTBEAT };
-        con.set_read_timeout(Some(poll))?;
-        let mut pubsub = con.as_pubsub();
-        *backoff = Duration::from_millis(10);
-        match waiters.upgrade() {
-            Some(w) => w.wake_all_heads(),
-            None => return Ok(()),
+        let connect_timeout = self.connection_timeout.min(Duration::from_secs(5));
+        self.epoch = self.connector.epoch(Node::SINGLE);
+        self.connector.subscriber(connect_timeout, HEARTBEAT)
+    }
+
+    fn subscribe(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("SUBSCRIBE");
+        cmd.arg(&self.channel);
+        cmd
+    }
+
+    fn poll(&self) -> Duration {
+        if self.connector.moves() {
+            FOLLOW
+        } else {
+            HEARTBEAT
         }
-        let mut heard = Instant::now();
-        loop {
-            let quiet = match pubsub.get_message() {
-                Ok(msg) => {
-                    heard = Instant::now();
-                    match waiters.upgrade() {
-                        Some(w) => deliver(&w, self.prefix, msg.get_payload_bytes()),
-                        None => return Ok(()),
-                    }
-                    false
-                }
-                Err(e) if e.is_timeout() => heard.elapsed() >= HEARTBEAT,
-                // A signal cut the read short; redis-rs keeps what it had read of the message.
-                // Signals coming faster than the heartbeat must not put off the heartbeat.
-                Err(e) if crate::net::wire::interrupted(&e) => heard.elapsed() >= HEARTBEAT,
-                Err(e) => return Err(e),
-            };
-            if connector.epoch(Node::SINGLE) != epoch {
-                // The master moved: releases publish on the new one now.
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "the master moved",
-                )));
-            }
-            if quiet {
-                heard = Instant::now();
-                if waiters.strong_count() == 0 {
-                    return Ok(());
-                }
-                // A half-open connection would otherwise swallow every release silently.
-                pubsub.set_read_timeout(Some(HEARTBEAT))?;
-                pubsub.ping::<()>()?;
-                pubsub.set_read_timeout(Some(poll))?;
-            }
+    }
+
+    /// The master moved: releases publish on the new one now.
+    fn moved(&self) -> bool {
+        self.connector.epoch(Node::SINGLE) != self.epoch
+    }
+
+    fn subscribed(&mut self) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.wake_all_heads();
         }
+    }
+
+    fn message(&mut self, msg: &redis::Msg) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            deliver(&waiters, &self.prefix, msg.get_payload_bytes());
+        }
+    }
+
+    /// Waiters still get the lock, a lease late, when they look again.
+    fn not_permitted(&self, e: &redis::RedisError) {
+        log::warn!(
+            "fencelock: may not subscribe to {:?}, so handoffs go unheard (the ACL user needs \
+             the channel pattern '&<namespace>:released:*'): {e}",
+            self.channel
+        );
+    }
+
+    fn name(&self) -> String {
+        format!("release channel {:?}", self.channel)
     }
 }
 
@@ -169,13 +155,4 @@ fn deliver(waiters: &Waiters, prefix: &str, payload: &[u8]) {
     if !waiters.deliver_handoff(tag, owner, FencingToken::new(token)) {
         log::debug!("fencelock: a handoff reached a waiter that had left");
     }
-}
-
-/// Subscribes `con` to `channel`. redis-rs' `PubSub::subscribe` takes an error reply (NOPERM,
-/// say) for the confirmation and returns `Ok`, and the connection then waits, silent, for
-/// messages that never come; here an error reply is the error.
-fn subscribe(con: &mut redis::Connection, channel: &str) -> redis::RedisResult<()> {
-    con.send_packed_command(&redis::cmd("SUBSCRIBE").arg(channel).get_packed_command())?;
-    // The confirmation (an array, or a push under RESP3) or an error: the first reply either way.
-    con.recv_response()?.extract_error().map(drop)
 }

@@ -4,7 +4,7 @@
 //! | file | what it does |
 //! |---|---|
 //! | `acquire.rs` | a lock call: attempt, wait in the key's local queue, take the grant |
-//! | `wait.rs` | the key's local queue, and the moves of a waiter between its states |
+//! | `wait.rs` | what this engine keeps of each waiter in its key's local queue (`queue.rs`): its state, the moves between them, and the handoffs delivered to it |
 //! | `listener.rs` (+ `listener/sharded.rs` on a Cluster) | hears other clients' handoffs to our waiters |
 //! | `release.rs` | release, handoff to the next waiter, the background thread for releases no caller waits for |
 //! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |

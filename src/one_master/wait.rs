@@ -17,10 +17,12 @@
 //! when the holder's lease (as Redis reported it) runs out. A waiter that gives up leaves the
 //! queue in Redis, releasing the lock if a handoff reached it meanwhile.
 //!
-//! A waiter's state is one [`State`], from joining the local queue to leaving it; its variants
-//! are the rows of "A waiter's states" in docs/design.md, and its methods the moves between them.
+//! The local queue itself (arrival order, who is head, who wakes whom as waiters leave) is the
+//! one both engines share, `queue.rs`; this file keeps beside each waiter what this engine needs
+//! of it. A waiter's state is one [`State`], from joining the local queue to leaving it; its
+//! variants are the rows of "A waiter's states" in docs/design.md, and its methods the moves
+//! between them.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, PoisonError};
 #[cfg(not(test))]
 use std::sync::{Mutex, MutexGuard};
@@ -29,11 +31,14 @@ use std::time::{Duration, Instant};
 #[cfg(test)]
 use crate::model::{Mutex, MutexGuard};
 
-use crossbeam_channel::{Receiver, Select, Sender};
+use crossbeam_channel::Receiver;
 
 use crate::grant::Waiting;
+use crate::queue::{self, Place, Queues};
 use crate::scripts::{JoinQueue, HANDOFF_LEASE};
 use crate::token::FencingToken;
+
+pub(crate) use crate::queue::Left;
 
 /// Why a waiter was woken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,16 +62,15 @@ pub(crate) enum Wake {
     },
 }
 
-/// How a wait ended.
-pub(crate) enum Waited {
-    /// Every wake that had piled up, oldest first.
-    Woken(Vec<Wake>),
-    TimedOut,
-    Cancelled,
+impl queue::Wake for Wake {
+    const ATTEMPT: Self = Wake::Attempt;
 }
 
-struct Slot {
-    tx: Sender<Wake>,
+/// How a wait ended.
+pub(crate) type Waited = queue::Waited<Wake>;
+
+/// What this engine keeps of each waiter in its key's queue.
+struct Entry {
     owner: String,
     lease: Duration,
     /// Where the waiter stands. Its own thread moves it between attempts; a release naming it, a
@@ -74,6 +78,9 @@ struct Slot {
     /// the queue has not left, and one that left is in no queue.
     state: Mutex<State>,
 }
+
+/// A waiter, as its key's queue holds it.
+type Waiter = queue::Waiter<Entry, Wake>;
 
 /// A waiter's state from joining its key's local queue to leaving it: the rows of "A waiter's
 /// states" in docs/design.md, with the transitions as methods. Being the head is its place in
@@ -94,15 +101,6 @@ pub(crate) enum State {
     InRedisQueue { since: Instant },
     /// It left the local queue.
     Left(Left),
-}
-
-/// How a waiter left its queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Left {
-    /// With a grant: whatever else was meant for it is not needed.
-    WithGrant,
-    /// Without one: a handoff that reaches it later must be given back.
-    WithoutGrant,
 }
 
 impl State {
@@ -181,7 +179,7 @@ impl State {
 
 /// A waiter named in a release: the head of its key's queue at the time.
 pub(crate) struct Head {
-    slot: Arc<Slot>,
+    waiter: Arc<Waiter>,
 }
 
 /// How many times in a row a client hands a lock to its own next waiter while other clients'
@@ -194,76 +192,54 @@ pub(crate) const MAX_LOCAL_RUN: u32 = 8;
 
 impl Head {
     pub(crate) fn owner(&self) -> &str {
-        &self.slot.owner
+        &self.waiter.owner
     }
 
     pub(crate) fn lease(&self) -> Duration {
-        self.slot.lease
+        self.waiter.lease
     }
 }
 
 /// Every queue of one client, by escaped key.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    queues: Mutex<HashMap<String, KeyQueue>>,
-}
-
-/// One key's waiters, oldest first.
-#[derive(Default)]
-struct KeyQueue {
-    slots: VecDeque<Arc<Slot>>,
+    queues: Arc<Queues<Entry, Wake>>,
 }
 
 impl Waiters {
-    fn queues(&self) -> MutexGuard<'_, HashMap<String, KeyQueue>> {
-        // The map stays consistent even if a holder of the mutex panicked mid-way.
-        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Joins the queue of `tag` as `owner`, wanting `lease`; the returned ticket leaves the
     /// queue when dropped.
-    pub(crate) fn join(self: &Arc<Self>, tag: &str, owner: &str, lease: Duration) -> Ticket {
+    pub(crate) fn join(&self, tag: &str, owner: &str, lease: Duration) -> Ticket {
         // Before it is queued, where a release can name it.
         let joined = Instant::now();
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let slot = Arc::new(Slot {
-            tx,
+        let entry = Entry {
             owner: owner.to_owned(),
             lease,
             state: Mutex::new(State::Local),
-        });
-        self.queues()
-            .entry(tag.to_owned())
-            .or_default()
-            .slots
-            .push_back(Arc::clone(&slot));
+        };
         Ticket {
-            waiters: Arc::clone(self),
-            tag: tag.to_owned(),
-            slot,
-            rx,
+            place: self.queues.join(tag, entry),
             joined,
         }
     }
 
     /// The head of `tag`'s queue, to be named in a release.
     pub(crate) fn next(&self, tag: &str) -> Option<Head> {
-        let queues = self.queues();
-        let queue = queues.get(tag)?;
-        let head = queue.slots.front()?;
+        let queues = self.queues.lock();
+        let head = queues.head(tag)?;
         lock_state(head).name();
         Some(Head {
-            slot: Arc::clone(head),
+            waiter: Arc::clone(head),
         })
     }
 
     /// Delivers `wake` to a waiter named in a release; how it left if it no longer waits.
     pub(crate) fn deliver_to(&self, next: &Head, wake: Wake) -> Result<(), Left> {
-        let _queues = self.queues();
-        match *lock_state(&next.slot) {
+        let _queues = self.queues.lock();
+        match *lock_state(&next.waiter) {
             State::Left(left) => Err(left),
             _ => {
-                let _ = next.slot.tx.send(wake);
+                next.waiter.wake(wake);
                 Ok(())
             }
         }
@@ -271,49 +247,41 @@ impl Waiters {
 
     /// Delivers `wake` to the waiter `owner` of `tag`; `false` if it is no longer waiting.
     pub(crate) fn deliver(&self, tag: &str, owner: &str, wake: Wake) -> bool {
-        self.queues()
-            .get(tag)
-            .and_then(|q| q.slots.iter().find(|s| s.owner == owner))
-            .is_some_and(|slot| slot.tx.send(wake).is_ok())
+        self.queues
+            .lock()
+            .find(tag, |w| w.owner == owner)
+            .is_some_and(|waiter| waiter.wake(wake))
     }
 
     /// Delivers a handoff by another client's release to our waiter `owner` of `tag`: Redis
     /// set its lease to its own, capped at [`HANDOFF_LEASE`]. `false` if it is no longer
     /// waiting.
     pub(crate) fn deliver_handoff(&self, tag: &str, owner: &str, token: FencingToken) -> bool {
-        let queues = self.queues();
-        let Some(slot) = queues
-            .get(tag)
-            .and_then(|q| q.slots.iter().find(|s| s.owner == owner))
-        else {
+        let queues = self.queues.lock();
+        let Some(waiter) = queues.find(tag, |w| w.owner == owner) else {
             return false;
         };
-        let wake = Wake::Granted {
+        waiter.wake(Wake::Granted {
             token,
             since: None,
-            lease: slot.lease.min(HANDOFF_LEASE),
+            lease: waiter.lease.min(HANDOFF_LEASE),
             local_run: 0,
-        };
-        slot.tx.send(wake).is_ok()
+        })
     }
 
     /// `tag` may be free: wake the head of its queue, if any.
     pub(crate) fn wake_head(&self, tag: &str) {
-        if let Some(head) = self.queues().get(tag).and_then(|q| q.slots.front()) {
-            let _ = head.tx.send(Wake::Attempt);
-        }
+        self.queues.wake_head(tag);
     }
 
     /// Whether a waiter of ours waits for `tag`.
     pub(crate) fn waits_on(&self, tag: &str) -> bool {
-        self.queues().contains_key(tag)
+        self.queues.waits_on(tag)
     }
 
     /// Handoffs may have gone unheard: wake every head.
     pub(crate) fn wake_all_heads(&self) {
-        for head in self.queues().values().filter_map(|q| q.slots.front()) {
-            let _ = head.tx.send(Wake::Attempt);
-        }
+        self.queues.wake_all_heads();
     }
 }
 
@@ -326,70 +294,41 @@ impl Waiting for Waiters {
 
 /// One thread's place in one key's queue.
 pub(crate) struct Ticket {
-    waiters: Arc<Waiters>,
-    tag: String,
-    slot: Arc<Slot>,
-    rx: Receiver<Wake>,
+    place: Place<Entry, Wake>,
     /// No handoff can have reached it before this.
     joined: Instant,
 }
 
 impl Ticket {
     pub(crate) fn is_head(&self) -> bool {
-        self.waiters
-            .queues()
-            .get(&self.tag)
-            .and_then(|q| q.slots.front())
-            .is_some_and(|head| Arc::ptr_eq(head, &self.slot))
+        self.place.is_head()
     }
 
     /// Blocks until woken, until `until`, or until `cancel` is ready (a message or its
     /// disconnection).
     pub(crate) fn wait(&self, until: Option<Instant>, cancel: Option<&Receiver<()>>) -> Waited {
-        let mut select = Select::new();
-        let wake = select.recv(&self.rx);
-        if let Some(cancel) = cancel {
-            select.recv(cancel);
-        }
-        let op = match until {
-            Some(until) => match select.select_deadline(until) {
-                Ok(op) => op,
-                Err(_) => return Waited::TimedOut,
-            },
-            None => select.select(),
-        };
-        if op.index() != wake {
-            if let Some(cancel) = cancel {
-                let _ = op.recv(cancel);
-            }
-            return Waited::Cancelled;
-        }
-        match op.recv(&self.rx) {
-            Ok(first) => Waited::Woken(std::iter::once(first).chain(self.rx.try_iter()).collect()),
-            // The sender lives in our own slot, so the channel cannot disconnect.
-            Err(_) => Waited::TimedOut,
-        }
+        self.place.wait(until, cancel)
     }
 
     /// Its state now.
     pub(crate) fn state(&self) -> State {
-        *lock_state(&self.slot)
+        *lock_state(self.place.waiter())
     }
 
     /// The head attempts, sending at `sent`: how the attempt joins Redis' queue. Called before
     /// sending, so that leaving takes the entry out even if the reply is lost.
     pub(crate) fn attempt(&self, sent: Instant) -> JoinQueue {
-        lock_state(&self.slot).attempt(sent)
+        lock_state(self.place.waiter()).attempt(sent)
     }
 
     /// Its attempt was refused: it stands in Redis' queue.
     pub(crate) fn refused(&self) {
-        lock_state(&self.slot).refused();
+        lock_state(self.place.waiter()).refused();
     }
 
     /// A release of this client put it in Redis' queue at `since` ([`Wake::Queued`]).
     pub(crate) fn queued(&self, since: Instant) {
-        lock_state(&self.slot).queued(since);
+        lock_state(self.place.waiter()).queued(since);
     }
 
     /// Whether a release of this client named it while it did not know itself in Redis' queue
@@ -417,39 +356,25 @@ impl Ticket {
         let was = self.remove(Left::WithoutGrant);
         // Nobody can send after the removal, so this sees every wake there will ever be.
         let granted = self
-            .rx
-            .try_iter()
+            .place
+            .pending()
             .find(|w| matches!(w, Wake::Granted { .. }));
         (granted, was.in_redis_queue())
     }
 
     /// Takes the waiter out of its queue, as `how` says; returns its state before.
     fn remove(&self, how: Left) -> State {
-        let mut queues = self.waiters.queues();
-        let was = std::mem::replace(&mut *lock_state(&self.slot), State::Left(how));
-        if let State::Left(_) = was {
-            return was;
-        }
-        let Some(queue) = queues.get_mut(&self.tag).map(|q| &mut q.slots) else {
-            return was;
-        };
-        let was_head = queue.front().is_some_and(|h| Arc::ptr_eq(h, &self.slot));
-        queue.retain(|s| !Arc::ptr_eq(s, &self.slot));
-        match queue.front() {
-            None => {
-                queues.remove(&self.tag);
-            }
-            Some(next) if was_head && how == Left::WithoutGrant => {
-                let _ = next.tx.send(Wake::Attempt);
-            }
-            Some(_) => {}
-        }
+        let mut was = State::Left(how);
+        self.place.leave(how, |entry| {
+            was = std::mem::replace(&mut *lock_state(entry), State::Left(how));
+            !matches!(was, State::Left(_))
+        });
         was
     }
 }
 
-fn lock_state(slot: &Slot) -> MutexGuard<'_, State> {
-    slot.state.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock_state(entry: &Entry) -> MutexGuard<'_, State> {
+    entry.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Only a panic unwinding through a wait drops a ticket without `leave` or `leave_granted`. A
@@ -463,14 +388,14 @@ impl Drop for Ticket {
         }
         self.remove(Left::WithoutGrant);
         if let Some(Wake::Granted { token, .. }) = self
-            .rx
-            .try_iter()
+            .place
+            .pending()
             .find(|w| matches!(w, Wake::Granted { .. }))
         {
             log::warn!(
                 "fencelock: a waiter for {:?} was dropped holding a handoff (token {token}); \
                  the lock runs out with its lease",
-                self.tag
+                self.place.tag()
             );
         }
     }

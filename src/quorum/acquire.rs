@@ -151,8 +151,8 @@ pub(super) fn until(
         let until = deadline.map_or(at, |d| at.min(d));
         match ticket.wait(until, options.cancel.as_ref()) {
             // A release: attempt now, unless a split asked for a pause.
-            Waited::Woken if !split => retry_at = Instant::now(),
-            Waited::Woken | Waited::Timer => {}
+            Waited::Woken(_) if !split => retry_at = Instant::now(),
+            Waited::Woken(_) | Waited::TimedOut => {}
             Waited::Cancelled => return Err(Error::Cancelled),
         }
     }

@@ -28,7 +28,7 @@
 //! | file | what it does |
 //! |---|---|
 //! | `acquire.rs` | one attempt (acquire, then confirm), and the lock call's loop around it |
-//! | `wait.rs` | the key's local queue, and the subscriptions that hear releases |
+//! | `wait.rs` | what this engine keeps of the key's local queue (`queue.rs`), and the subscriptions that hear releases |
 //! | `renew.rs` | the renewal thread, and explicit extends |
 //! | `release.rs` | release, and what a failed attempt leaves behind; force_unlock |
 //! | `status.rs` | how the lock stands on a majority |

@@ -19,53 +19,53 @@
 //! | the head left with the lock, and it was lost, not released | the next, within a second: a thread that is not the head looks again every second |
 //! | no message (subscriptions down, a holder that died) | the head's own timer: 20 ms after a refusal, doubling to 2 s, never past the holder's remaining lease as the refusals reported it; with jitter |
 //!
+//! The local queue itself (arrival order, who is head, who wakes whom as waiters leave) is the
+//! one both engines share, `queue.rs`; this file keeps beside it which release last woke a key,
+//! and how many waiters the listeners serve.
+//!
 //! A listener connects only while someone waits after a refusal, and lets go of its subscription
 //! 5 s after the last such waiter left, so a client whose locks are granted at once costs the
-//! masters nothing: a release reaches only the clients waiting in the namespace.
+//! masters nothing: a release reaches only the clients waiting in the namespace. The
+//! subscription's loop (heartbeat, reconnection, linger) is `net/subscriber.rs`.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 
 use crate::net::connector::Connector;
-
-/// How long a listener waits for a message before it checks its connection and its waiters.
-const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long a subscription outlives the last waiter: a busy key's waiters come and go.
-const LINGER: Duration = Duration::from_secs(5);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+use crate::net::subscriber::{self, Need, Subscriber, HEARTBEAT};
+use crate::queue::{self, Left, Place, Queues};
 
 /// The local queues of one quorum client, and what its listeners need.
 pub(crate) struct Waiters {
-    queues: Mutex<HashMap<String, Queue>>,
+    queues: Arc<Queues<Entry, (), PerKey>>,
     /// How many threads wait, for the listeners; they sleep on `someone` while it is 0.
     waiting: Mutex<usize>,
     someone: Condvar,
-    next_slot: AtomicU64,
     /// `<namespace>:freed:`: the channels' common prefix.
     prefix: String,
     started: Mutex<bool>,
 }
 
+/// What this engine keeps of each key while it has waiters.
 #[derive(Default)]
-struct Queue {
-    slots: VecDeque<Arc<Slot>>,
+struct PerKey {
     /// The owner id of the last release that woke the head: the same release heard from
     /// another master wakes nobody.
     last_released: String,
 }
 
-struct Slot {
-    id: u64,
-    tx: Sender<()>,
-    rx: Receiver<()>,
+/// What this engine keeps of each waiter in its key's queue.
+struct Entry {
     /// Counted among the waiters the listeners serve (after its first refusal).
-    listening: std::sync::atomic::AtomicBool,
+    listening: AtomicBool,
 }
+
+/// How a wait ended.
+pub(crate) type Waited = queue::Waited<()>;
 
 /// The channel a release of the key `tag` publishes on.
 pub(crate) fn channel(namespace: &str, tag: &str) -> String {
@@ -75,70 +75,49 @@ pub(crate) fn channel(namespace: &str, tag: &str) -> String {
 impl Waiters {
     pub(crate) fn new(namespace: &str) -> Waiters {
         Waiters {
-            queues: Mutex::default(),
+            queues: Arc::default(),
             waiting: Mutex::new(0),
             someone: Condvar::new(),
-            next_slot: AtomicU64::new(0),
             prefix: format!("{namespace}:freed:"),
             started: Mutex::new(false),
         }
     }
 
-    fn queues(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
-        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Joins the local queue of `tag`.
     pub(crate) fn join(self: &Arc<Self>, tag: &str) -> Ticket {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let slot = Arc::new(Slot {
-            id: self.next_slot.fetch_add(1, Ordering::Relaxed),
-            tx,
-            rx,
-            listening: std::sync::atomic::AtomicBool::new(false),
-        });
-        self.queues()
-            .entry(tag.to_owned())
-            .or_default()
-            .slots
-            .push_back(Arc::clone(&slot));
+        let entry = Entry {
+            listening: AtomicBool::new(false),
+        };
         Ticket {
             waiters: Arc::clone(self),
-            tag: tag.to_owned(),
-            slot,
+            place: self.queues.join(tag, entry),
             granted: false,
         }
     }
 
     /// Wakes the thread at the head of `tag`'s queue, if any.
     pub(crate) fn wake_head(&self, tag: &str) {
-        if let Some(head) = self.queues().get(tag).and_then(|q| q.slots.front()) {
-            let _ = head.tx.try_send(());
-        }
+        self.queues.wake_head(tag);
     }
 
     /// Wakes the head of `tag`'s queue for the release of `owner`, unless that release already
     /// woke it (heard from another master).
     fn wake_head_for(&self, tag: &str, owner: &str) {
-        let mut queues = self.queues();
+        let mut queues = self.queues.lock();
         let Some(queue) = queues.get_mut(tag) else {
             return;
         };
-        if !owner.is_empty() && queue.last_released == owner {
+        if !owner.is_empty() && queue.per_key.last_released == owner {
             return;
         }
-        owner.clone_into(&mut queue.last_released);
-        if let Some(head) = queue.slots.front() {
-            let _ = head.tx.try_send(());
+        owner.clone_into(&mut queue.per_key.last_released);
+        if let Some(head) = queue.head() {
+            head.wake(());
         }
     }
 
     fn wake_all_heads(&self) {
-        for queue in self.queues().values() {
-            if let Some(head) = queue.slots.front() {
-                let _ = head.tx.try_send(());
-            }
-        }
+        self.queues.wake_all_heads();
     }
 
     fn waiting(&self) -> usize {
@@ -165,7 +144,7 @@ impl Waiters {
         }
         *started = true;
         for index in 0..connector.masters() {
-            let listener = Listener {
+            let mut listener = Listener {
                 index,
                 connector: Arc::clone(connector),
                 waiters: Arc::downgrade(self),
@@ -174,7 +153,7 @@ impl Waiters {
             };
             let spawned = thread::Builder::new()
                 .name(format!("fencelock-freed-{index}"))
-                .spawn(move || listener.run());
+                .spawn(move || subscriber::run(&mut listener));
             if let Err(e) = spawned {
                 // Waiters still learn of releases by their timers, a little later.
                 log::warn!("fencelock: could not start a quorum listener: {e}");
@@ -187,24 +166,19 @@ impl Waiters {
 /// next.
 pub(crate) struct Ticket {
     waiters: Arc<Waiters>,
-    tag: String,
-    slot: Arc<Slot>,
+    place: Place<Entry, (), PerKey>,
     granted: bool,
 }
 
 impl Ticket {
     pub(crate) fn is_head(&self) -> bool {
-        self.waiters
-            .queues()
-            .get(&self.tag)
-            .and_then(|q| q.slots.front())
-            .is_some_and(|head| head.id == self.slot.id)
+        self.place.is_head()
     }
 
     /// The head was refused: from now on the listeners serve it (they subscribe, started at the
     /// client's first refusal).
     pub(crate) fn refused(&self, connector: &Arc<Connector>, connection_timeout: Duration) {
-        if self.slot.listening.swap(true, Ordering::Relaxed) {
+        if self.place.waiter().listening.swap(true, Ordering::Relaxed) {
             return;
         }
         self.waiters.start_listeners(connector, connection_timeout);
@@ -223,47 +197,33 @@ impl Ticket {
 
     /// Waits for a wake until `until`, or for `cancel`; returns what came.
     pub(crate) fn wait(&self, until: Instant, cancel: Option<&Receiver<()>>) -> Waited {
-        let never = crossbeam_channel::never();
-        let cancel = cancel.unwrap_or(&never);
-        let timeout = crossbeam_channel::at(until);
-        crossbeam_channel::select! {
-            recv(self.slot.rx) -> _ => Waited::Woken,
-            recv(cancel) -> _ => Waited::Cancelled,
-            recv(timeout) -> _ => Waited::Timer,
-        }
+        self.place.wait(Some(until), cancel)
     }
 
     /// Whether a release of `owner` was heard (and its repeats are being dropped).
     pub(crate) fn heard_release_of(&self, owner: &str) -> bool {
         self.waiters
-            .queues()
-            .get(&self.tag)
-            .is_some_and(|q| !owner.is_empty() && q.last_released == owner)
+            .queues
+            .lock()
+            .get(self.place.tag())
+            .is_some_and(|q| !owner.is_empty() && q.per_key.last_released == owner)
     }
 
-    /// Drops a wake that came meanwhile (a message about the release our own attempt raced).
+    /// Drops the wakes that came meanwhile (a message about the release our own attempt raced).
     pub(crate) fn clear(&self) {
-        let _ = self.slot.rx.try_recv();
+        self.place.pending().for_each(drop);
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut queues = self.waiters.queues();
-        if let Some(queue) = queues.get_mut(&self.tag) {
-            queue.slots.retain(|s| s.id != self.slot.id);
-            match queue.slots.front() {
-                Some(next) if !self.granted => {
-                    let _ = next.tx.try_send(());
-                }
-                Some(_) => {}
-                None => {
-                    queues.remove(&self.tag);
-                }
-            }
-        }
-        drop(queues);
-        if self.slot.listening.load(Ordering::Relaxed) {
+        let how = if self.granted {
+            Left::WithGrant
+        } else {
+            Left::WithoutGrant
+        };
+        self.place.leave(how, |_| true);
+        if self.place.waiter().listening.load(Ordering::Relaxed) {
             let mut waiting = self
                 .waiters
                 .waiting
@@ -274,13 +234,7 @@ impl Drop for Ticket {
     }
 }
 
-pub(crate) enum Waited {
-    Woken,
-    Timer,
-    Cancelled,
-}
-
-/// One master's subscription, held while the client has waiters (and `LINGER` after).
+/// One master's subscription, held while the client has waiters (and a linger after).
 struct Listener {
     index: usize,
     connector: Arc<Connector>,
@@ -289,106 +243,69 @@ struct Listener {
     connect_timeout: Duration,
 }
 
-impl Listener {
-    fn run(self) {
-        let mut backoff = Duration::from_millis(10);
-        let mut warned = false;
+impl Subscriber for Listener {
+    /// Idle until someone waits; ends with the client.
+    fn wait_until_needed(&mut self) -> bool {
         loop {
-            // Idle until someone waits; ends with the client.
-            loop {
-                let Some(waiters) = self.waiters.upgrade() else {
-                    return;
-                };
-                let waiting = waiters
-                    .waiting
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if *waiting > 0 {
-                    break;
-                }
-                let _ = waiters
-                    .someone
-                    .wait_timeout(waiting, HEARTBEAT)
-                    .unwrap_or_else(PoisonError::into_inner);
+            let Some(waiters) = self.waiters.upgrade() else {
+                return false;
+            };
+            let waiting = waiters
+                .waiting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *waiting > 0 {
+                return true;
             }
-            match self.listen(&mut backoff) {
-                Ok(()) => {}
-                Err(e) => {
-                    if e.code() == Some("NOPERM") && !std::mem::replace(&mut warned, true) {
-                        log::warn!(
-                            "fencelock: may not subscribe to {:?} on quorum master {}, so \
-                             waiters learn of releases only when the holder's lease ends (the \
-                             ACL user needs the channel pattern '&<namespace>:freed:*'): {e}",
-                            self.pattern,
-                            self.index
-                        );
-                    } else {
-                        log::debug!(
-                            "fencelock: quorum master {} subscription down: {e}",
-                            self.index
-                        );
-                    }
-                    thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
+            let _ = waiters
+                .someone
+                .wait_timeout(waiting, HEARTBEAT)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 
-    /// Subscribes and delivers until nobody has waited for `LINGER` or the client is gone
-    /// (`Ok`), or the connection fails (`Err`).
-    fn listen(&self, backoff: &mut Duration) -> redis::RedisResult<()> {
-        let mut con = self
-            .connector
-            .master(self.index, self.connect_timeout, HEARTBEAT)?;
-        con.send_packed_command(
-            &redis::cmd("PSUBSCRIBE")
-                .arg(&self.pattern)
-                .get_packed_command(),
-        )?;
-        con.recv_response()?.extract_error()?;
-        *backoff = Duration::from_millis(10);
+    fn needed(&mut self) -> Need {
         match self.waiters.upgrade() {
-            Some(waiters) => waiters.wake_all_heads(),
-            None => return Ok(()),
+            None => Need::Never,
+            Some(waiters) if waiters.waiting() == 0 => Need::NotNow,
+            Some(_) => Need::Now,
         }
-        let mut pubsub = con.as_pubsub();
-        let mut heard = Instant::now();
-        let mut idle_since: Option<Instant> = None;
-        loop {
-            let quiet = match pubsub.get_message() {
-                Ok(msg) => {
-                    heard = Instant::now();
-                    match self.waiters.upgrade() {
-                        Some(waiters) => {
-                            waiters
-                                .heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
-                        }
-                        None => return Ok(()),
-                    }
-                    false
-                }
-                Err(e) if e.is_timeout() || crate::net::wire::interrupted(&e) => {
-                    heard.elapsed() >= HEARTBEAT
-                }
-                Err(e) => return Err(e),
-            };
-            let Some(waiters) = self.waiters.upgrade() else {
-                return Ok(());
-            };
-            if waiters.waiting() == 0 {
-                let since = *idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= LINGER {
-                    return Ok(());
-                }
-            } else {
-                idle_since = None;
-            }
-            if quiet {
-                heard = Instant::now();
-                // A half-open connection would otherwise swallow every release silently.
-                pubsub.ping::<()>()?;
-            }
+    }
+
+    fn connect(&mut self) -> redis::RedisResult<redis::Connection> {
+        self.connector
+            .master(self.index, self.connect_timeout, HEARTBEAT)
+    }
+
+    fn subscribe(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("PSUBSCRIBE");
+        cmd.arg(&self.pattern);
+        cmd
+    }
+
+    fn subscribed(&mut self) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.wake_all_heads();
         }
+    }
+
+    fn message(&mut self, msg: &redis::Msg) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.heard(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
+        }
+    }
+
+    fn not_permitted(&self, e: &redis::RedisError) {
+        log::warn!(
+            "fencelock: may not subscribe to {:?} on quorum master {}, so waiters learn of \
+             releases only when the holder's lease ends (the ACL user needs the channel pattern \
+             '&<namespace>:freed:*'): {e}",
+            self.pattern,
+            self.index
+        );
+    }
+
+    fn name(&self) -> String {
+        format!("quorum master {}'s subscription", self.index)
     }
 }

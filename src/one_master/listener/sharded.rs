@@ -38,11 +38,17 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use redis::{PushKind, RedisError, Value};
 
 use crate::net::connector::{Connector, Node, Redirect};
+use crate::net::subscriber::{Backoff, HEARTBEAT, LINGER};
 use crate::one_master::wait::Waiters;
 
-/// How often a node's thread checks its keys' routes and lingering, and pings a quiet
-/// connection; how long a thread without keys waits for one before it ends.
-const HEARTBEAT: Duration = Duration::from_secs(1);
+// A node's thread checks its keys' routes and lingering, and probes a quiet connection, every
+// [`HEARTBEAT`]; a thread without keys waits that long for one before it ends. A key with no
+// waiter of ours keeps its subscription for [`LINGER`], so that a key contended now and then
+// does not subscribe and unsubscribe every time. A thread reconnects after a [`Backoff`], which
+// also paces a subscription sent again after it went unconfirmed. The same as the other
+// subscriptions' (`net/subscriber.rs`), whose loop this thread does not use: it holds many
+// subscriptions on one connection, each confirmed, routed and dropped on its own.
+
 /// The shortest wait for a message, and the wait while new keys are queued. Otherwise a node's
 /// thread waits until something is due, up to a [`HEARTBEAT`], and a key new to it comes with a
 /// message on one of its channels (see [`Sharded::watch`]) to wake it.
@@ -50,13 +56,6 @@ const POLL: Duration = Duration::from_millis(10);
 /// A subscription not confirmed by then was refused (or its node is slow): the map is asked for
 /// again, and it goes where the map says (the response timeout, if shorter).
 const CONFIRM_WITHIN: Duration = Duration::from_secs(1);
-/// A key with no waiter of ours keeps its subscription this long, so that a key contended now
-/// and then does not subscribe and unsubscribe every time.
-const LINGER: Duration = Duration::from_secs(5);
-/// Pauses before a subscription refused for now (TRYAGAIN, CLUSTERDOWN) is sent again, and
-/// between reconnections.
-const FIRST_PAUSE: Duration = Duration::from_millis(10);
-const MAX_PAUSE: Duration = Duration::from_secs(1);
 /// The longest pause before a subscription that went unconfirmed is sent again (a user whose
 /// ACL lacks `SSUBSCRIBE`: releases then publish classically, as nobody hears them sharded).
 const MAX_UNCONFIRMED_PAUSE: Duration = Duration::from_secs(10);
@@ -201,7 +200,7 @@ impl Shared {
             heard: Instant::now(),
             probe: None,
             checked: Instant::now(),
-            pause: FIRST_PAUSE,
+            pause: Backoff::new(),
             read_timeout: POLL,
         };
         match thread::Builder::new()
@@ -264,7 +263,7 @@ struct NodeThread {
     /// When routes and lingering were last looked at.
     checked: Instant,
     /// Before the next connection, after one failed.
-    pause: Duration,
+    pause: Backoff,
     /// The connection's read timeout: [`POLL`] or [`HEARTBEAT`].
     read_timeout: Duration,
 }
@@ -485,7 +484,7 @@ impl NodeThread {
     fn heard(&mut self) {
         self.heard = Instant::now();
         self.probe = None;
-        self.pause = FIRST_PAUSE;
+        self.pause.reset();
     }
 
     fn send(&mut self, command: &str, tag: &str) -> redis::RedisResult<()> {
@@ -588,7 +587,7 @@ impl NodeThread {
             } else if let Some(sub) = self.subs.get_mut(&tag) {
                 sub.sent = None;
                 sub.unconfirmed += 1;
-                let pause = FIRST_PAUSE * 2u32.saturating_pow(sub.unconfirmed.min(12));
+                let pause = Backoff::FIRST * 2u32.saturating_pow(sub.unconfirmed.min(12));
                 sub.not_before = Some(now + pause.min(MAX_UNCONFIRMED_PAUSE));
                 if sub.unconfirmed == 3
                     && !std::mem::replace(&mut self.shared.routes().warned, true)
@@ -684,8 +683,7 @@ impl NodeThread {
         self.con = None;
         self.probe = None;
         self.shared.connector.failed(self.node, 0, e);
-        thread::sleep(self.pause);
-        self.pause = (self.pause * 2).min(MAX_PAUSE);
+        self.pause.sleep();
         // Keys that stay here (lingering as they were) are subscribed again on the next
         // connection; the heads of the others are woken by their new node's confirmation.
         for sub in self.subs.values_mut() {

@@ -26,17 +26,17 @@ fn granted(token: u64) -> Wake {
 
 /// Every wake sent to `ticket` and not yet taken, oldest first.
 fn pending(ticket: &Ticket) -> Vec<Wake> {
-    ticket.rx.try_iter().collect()
+    ticket.place.pending().collect()
 }
 
 fn keys(waiters: &Waiters) -> Vec<String> {
-    let mut keys: Vec<String> = waiters.queues().keys().cloned().collect();
+    let mut keys: Vec<String> = waiters.queues.lock().keys().cloned().collect();
     keys.sort();
     keys
 }
 
 fn queue_len(waiters: &Waiters, tag: &str) -> usize {
-    waiters.queues().get(tag).map_or(0, |q| q.slots.len())
+    waiters.queues.lock().len(tag)
 }
 
 #[test]
