@@ -493,6 +493,15 @@ impl LockClient {
         self.shared.identity()
     }
 
+    /// A client of `config` over `engine`, which the caller started: unit tests hand it a fake
+    /// (`engine/fake.rs`).
+    #[cfg(test)]
+    pub(crate) fn over(config: crate::config::Config, engine: crate::engine::Engine) -> LockClient {
+        LockClient {
+            shared: Arc::new(Shared { config, engine }),
+        }
+    }
+
     /// Every lock call: checks what needs no network, then waits for the engine's grant until
     /// `deadline`, and wraps it in a guard.
     fn acquire(
@@ -606,3 +615,6 @@ impl fmt::Debug for LockClient {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,7 +15,9 @@
 //! [`Grant`] (one grant's lease state), the scripts, the keys and the connections.
 //!
 //! An engine returns grants, never guards: the guard is the facade's (`guard.rs`), written once
-//! over any engine.
+//! over any engine. So a third engine, built only for unit tests (`engine/fake.rs`: no Redis, an
+//! in-memory map, failures on demand), tests the guards, `with_lock` and reentrancy
+//! (`client/tests.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,10 +33,15 @@ use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
 use crate::status::LockStatus;
 
+#[cfg(test)]
+pub(crate) mod fake;
+
 /// A client's engine, picked once from its topology.
 pub(crate) enum Engine {
     OneMaster(Arc<OneMaster>),
     Quorum(Arc<Quorum>),
+    #[cfg(test)]
+    Fake(Arc<fake::Fake>),
 }
 
 impl Engine {
@@ -60,6 +67,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.acquire(keys, lease, deadline, options),
             Engine::Quorum(q) => q.acquire(keys, lease, deadline, options),
+            #[cfg(test)]
+            Engine::Fake(f) => f.acquire(keys, lease, deadline, options),
         }
     }
 
@@ -69,6 +78,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.extend(grant, lease),
             Engine::Quorum(q) => q.extend(grant, lease),
+            #[cfg(test)]
+            Engine::Fake(f) => f.extend(grant, lease),
         }
     }
 
@@ -77,6 +88,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.release(grant),
             Engine::Quorum(q) => q.release(grant),
+            #[cfg(test)]
+            Engine::Fake(f) => f.release(grant),
         }
     }
 
@@ -86,6 +99,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.release_detached(grant),
             Engine::Quorum(q) => q.release_detached(grant),
+            #[cfg(test)]
+            Engine::Fake(f) => f.release_detached(grant),
         }
     }
 
@@ -94,6 +109,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.force_unlock(keys),
             Engine::Quorum(q) => q.force_unlock(keys),
+            #[cfg(test)]
+            Engine::Fake(f) => f.force_unlock(keys),
         }
     }
 
@@ -101,6 +118,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.status(keys),
             Engine::Quorum(q) => q.status(keys),
+            #[cfg(test)]
+            Engine::Fake(f) => f.status(keys),
         }
     }
 
@@ -110,6 +129,8 @@ impl Engine {
         match self {
             Engine::OneMaster(m) => m.router(),
             Engine::Quorum(q) => q.router(),
+            #[cfg(test)]
+            Engine::Fake(f) => f.router(),
         }
     }
 }
