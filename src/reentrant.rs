@@ -33,8 +33,9 @@ struct Hold {
     id: HoldId,
 }
 
-/// A reentrant lock held by the current thread; made by [`LockClient::reentrant_lock`] and
-/// [`LockClient::try_reentrant_lock`].
+/// A reentrant lock held by the current thread; made by
+/// [`LockClient::reentrant_lock`](crate::LockClient::reentrant_lock) and
+/// [`LockClient::try_reentrant_lock`](crate::LockClient::try_reentrant_lock).
 ///
 /// Taking the same key again on the same thread, through the same client, returns another guard
 /// of the *same* grant at once: same fencing token, no round trip. The lock is released in Redis
