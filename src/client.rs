@@ -434,8 +434,6 @@ impl LockClient {
         self.shared.config.lease
     }
 
-    /// Tells clients apart (clones are one client): the address of the shared state, which
-    /// lives as long as the client or any of its guards.
     /// Takes the lock on `key` reentrantly: if this thread already holds it through a
     /// [`ReentrantGuard`] of this client, returns another guard of that grant at once;
     /// otherwise waits for it as [`lock`](LockClient::lock) does.
@@ -489,6 +487,8 @@ impl LockClient {
         }
     }
 
+    /// Tells clients apart (clones are one client): the address of the shared state, which
+    /// lives as long as the client or any of its guards.
     fn identity(&self) -> usize {
         self.shared.identity()
     }

@@ -6,13 +6,14 @@
 //! | | one master ([`OneMaster`]): a single server, Sentinel, Cluster | a quorum of masters ([`Quorum`]) |
 //! |---|---|---|
 //! | acquire, until a deadline | `one_master/acquire.rs`: the acquire script; a refused waiter joins Redis' queue for the key | `quorum/acquire.rs`: acquire on every master, confirm the largest token on a majority |
-//! | wait | `one_master/wait.rs`: the key's local queue, and handoff by the release script (`one_master/listener.rs` hears other clients') | `quorum/wait.rs`: the key's local queue, woken by release messages |
+//! | wait | `one_master/wait.rs`: a waiter's states, and handoff by the release script (`one_master/listener.rs` hears other clients') | `quorum/wait.rs`: waiters woken by release messages |
 //! | hold, renew, extend | `one_master/renew.rs`: one thread, pipelined extends per node | `quorum/renew.rs`: one thread, extends on every master, a majority keeps it |
 //! | release | `one_master/release.rs`: hands the lock to the next waiter in the same script | `quorum/release.rs`: deletes on every master, publishes the release |
 //!
 //! Single server, Sentinel and Cluster differ only in how bytes reach a master (`net/`): which
 //! node a key lives on, and how a failover is ridden. What the engines share is below them:
-//! [`Grant`] (one grant's lease state), the scripts, the keys and the connections.
+//! [`Grant`] (one grant's lease state), the local key queue (`queue.rs`), the scripts, the keys,
+//! and how bytes reach Redis (`net/`, with the pub/sub loop in `net/subscriber.rs`).
 //!
 //! An engine returns grants, never guards: the guard is the facade's (`guard.rs`), written once
 //! over any engine. So a third engine, built only for unit tests (`engine/fake.rs`: no Redis, an

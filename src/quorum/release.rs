@@ -8,6 +8,7 @@ use super::{Quorum, Tally};
 use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::key::LockKeys;
+use crate::metrics::{self, Op};
 use crate::net::wire::Arg;
 use crate::scripts;
 
@@ -39,7 +40,7 @@ pub(super) fn give_up(q: &Quorum, keys: &LockKeys, lease: Duration, tell: bool) 
 pub(super) fn give_back(q: &Quorum, grant: &Grant) -> Result<()> {
     let user = grant.keys.user();
     let until = Instant::now() + q.response_timeout;
-    match release(q, &grant.keys, Some(until)) {
+    let released = match release(q, &grant.keys, Some(until)) {
         Some(Ok(false)) => {
             grant.mark_lost("a majority of the masters no longer held it at release");
             Err(Error::LockLost {
@@ -51,7 +52,11 @@ pub(super) fn give_back(q: &Quorum, grant: &Grant) -> Result<()> {
             Err(e)
         }
         Some(Ok(true)) | None => Ok(()),
+    };
+    if let Err(e) = &released {
+        metrics::failed(grant.keys.namespace(), Op::Unlock, e);
     }
+    released
 }
 
 /// Releases a grant's keys on every master and tells waiters (this client's at once, others
