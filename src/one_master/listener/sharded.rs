@@ -65,10 +65,12 @@ const RECHECK_OLD: Duration = Duration::from_secs(60);
 /// The client's subscriptions to its keys' shard channels. Cheap to call for a key already
 /// watched: one map lookup under a mutex.
 pub(crate) struct Sharded {
-    shared: Arc<Shared>,
+    channels: Arc<Channels>,
 }
 
-struct Shared {
+/// What the sharded listener's threads share with the client: the channels' names, where to
+/// deliver, and which master serves which key.
+struct Channels {
     connector: Arc<Connector>,
     /// `<namespace>:released:{` and `}:<client id>`: every channel of ours is these around a tag.
     head: String,
@@ -109,7 +111,7 @@ impl Sharded {
         waiters: Weak<Waiters>,
     ) -> Sharded {
         Sharded {
-            shared: Arc::new(Shared {
+            channels: Arc::new(Channels {
                 connector,
                 head: format!("{namespace}:released:{{"),
                 tail: format!("}}:{client_id}"),
@@ -129,12 +131,12 @@ impl Sharded {
     /// Returns a channel to [`wake`] the master's thread on, if it may be waiting for messages
     /// and not for keys: the caller sends that, so that the subscription goes out at once.
     pub(crate) fn watch(&self, tag: &str) -> Option<String> {
-        let shared = &self.shared;
-        let mut routes = shared.routes();
+        let channels = &self.channels;
+        let mut routes = channels.routes();
         if routes.keys.contains_key(tag) {
             return None;
         }
-        let node = shared.node_of(tag);
+        let node = channels.node_of(tag);
         if routes
             .old
             .get(&node)
@@ -143,7 +145,7 @@ impl Sharded {
             return None;
         }
         let wake = routes.wakes.get(&node).cloned();
-        shared.assign(&mut routes, tag.to_owned(), node);
+        channels.assign(&mut routes, tag.to_owned(), node);
         wake
     }
 }
@@ -154,7 +156,7 @@ pub(crate) fn wake(con: &mut redis::Connection, channel: &str) -> redis::RedisRe
     redis::cmd("SPUBLISH").arg(channel).arg("").query(con)
 }
 
-impl Shared {
+impl Channels {
     fn routes(&self) -> MutexGuard<'_, Routes> {
         self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -192,7 +194,7 @@ impl Shared {
         let (tx, rx) = crossbeam_channel::unbounded();
         let _ = tx.send(tag.clone());
         let thread = NodeThread {
-            shared: Arc::clone(self),
+            channels: Arc::clone(self),
             node,
             rx,
             con: None,
@@ -250,7 +252,7 @@ impl Sub {
 /// that timed out, but never a push. An error reply, then, may go unseen: a subscription not
 /// confirmed within the response timeout counts as refused.
 struct NodeThread {
-    shared: Arc<Shared>,
+    channels: Arc<Channels>,
     node: Node,
     rx: Receiver<String>,
     con: Option<redis::Connection>,
@@ -270,7 +272,7 @@ struct NodeThread {
 
 impl NodeThread {
     fn run(mut self) {
-        while self.shared.waiters.strong_count() > 0 {
+        while self.channels.waiters.strong_count() > 0 {
             if self.subs.is_empty() {
                 // Nothing to hear: wait for a key, and end when none comes.
                 self.con = None;
@@ -301,7 +303,7 @@ impl NodeThread {
     /// Connects if need be, sends what is due, reads one message (or waits [`POLL`] for one).
     fn step(&mut self) -> redis::RedisResult<()> {
         let now = Instant::now();
-        let response_timeout = self.shared.response_timeout;
+        let response_timeout = self.channels.response_timeout;
         let heartbeat = now.duration_since(self.checked) >= HEARTBEAT;
         if heartbeat {
             // Connected or not: keys whose waiters left, or that moved, go all the same.
@@ -389,12 +391,12 @@ impl NodeThread {
 
     /// Connects, and checks that the server knows sharded pub/sub: `false` if it does not.
     fn connect(&mut self) -> redis::RedisResult<bool> {
-        let shared = &self.shared;
-        let connect_timeout = shared.connection_timeout.min(Duration::from_secs(5));
-        let mut con = shared.connector.connect_pushing(
+        let channels = &self.channels;
+        let connect_timeout = channels.connection_timeout.min(Duration::from_secs(5));
+        let mut con = channels.connector.connect_pushing(
             self.node,
             connect_timeout,
-            shared.response_timeout,
+            channels.response_timeout,
         )?;
         // Asked before any read has timed out: no reply is skipped yet. A user that may not ask
         // (an ACL without INFO) is taken to have a server that knows sharded pub/sub.
@@ -409,7 +411,7 @@ impl NodeThread {
             .and_then(|v| v.split('.').next()?.trim().parse::<u32>().ok());
         if major.is_some_and(|m| m < 7) {
             // Releases on such a server publish classically: nothing to subscribe to.
-            let mut routes = shared.routes();
+            let mut routes = channels.routes();
             routes.old.insert(self.node, Instant::now());
             for tag in self.subs.keys() {
                 routes.keys.remove(tag);
@@ -433,7 +435,7 @@ impl NodeThread {
     /// keys wait in the queue. Says where a message wakes the thread meanwhile.
     fn choose_read_timeout(&mut self) -> redis::RedisResult<()> {
         let now = Instant::now();
-        let confirm_within = self.shared.response_timeout.min(CONFIRM_WITHIN);
+        let confirm_within = self.channels.response_timeout.min(CONFIRM_WITHIN);
         let due = self
             .subs
             .values()
@@ -446,7 +448,7 @@ impl NodeThread {
             .min()
             .unwrap_or(now);
         let timeout = {
-            let mut routes = self.shared.routes();
+            let mut routes = self.channels.routes();
             // Keys are sent under this lock: one sent before a channel was named to wake us on
             // is in the queue now, and keeps the wait short.
             let timeout = if self.rx.is_empty() {
@@ -457,12 +459,12 @@ impl NodeThread {
             let current = routes
                 .wakes
                 .get(&self.node)
-                .and_then(|c| self.shared.tag_of(c));
+                .and_then(|c| self.channels.tag_of(c));
             let valid = current.is_some_and(|t| self.subs.get(t).is_some_and(|s| s.confirmed));
             if !valid {
                 match self.subs.iter().find(|(_, s)| s.confirmed) {
                     Some((tag, _)) => {
-                        let channel = self.shared.channel(tag);
+                        let channel = self.channels.channel(tag);
                         routes.wakes.insert(self.node, channel);
                     }
                     None => {
@@ -492,7 +494,7 @@ impl NodeThread {
             return Ok(());
         };
         let cmd = redis::cmd(command)
-            .arg(self.shared.channel(tag))
+            .arg(self.channels.channel(tag))
             .get_packed_command();
         con.send_packed_command(&cmd)
     }
@@ -504,19 +506,19 @@ impl NodeThread {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
             _ => return,
         };
-        let Some(tag) = self.shared.tag_of(&channel).map(str::to_owned) else {
+        let Some(tag) = self.channels.tag_of(&channel).map(str::to_owned) else {
             return;
         };
         match kind {
             PushKind::SMessage => {
                 let (Some(Value::BulkString(payload)), Some(waiters)) =
-                    (data.next(), self.shared.waiters.upgrade())
+                    (data.next(), self.channels.waiters.upgrade())
                 else {
                     return;
                 };
                 // An empty one only woke us (see `wake`).
                 if !payload.is_empty() {
-                    super::deliver(&waiters, &self.shared.prefix, &payload);
+                    super::deliver(&waiters, &self.channels.prefix, &payload);
                 }
             }
             PushKind::SSubscribe => {
@@ -525,7 +527,7 @@ impl NodeThread {
                 };
                 sub.unconfirmed = 0;
                 if !std::mem::replace(&mut sub.confirmed, true) {
-                    if let Some(waiters) = self.shared.waiters.upgrade() {
+                    if let Some(waiters) = self.channels.waiters.upgrade() {
                         waiters.wake_head(&tag);
                     }
                 }
@@ -537,10 +539,10 @@ impl NodeThread {
                 self.subs.remove(&tag);
                 // The map asked of the other masters first: the one that answers first may not
                 // know of the move yet, and a MOVED to our SSUBSCRIBE here may go unseen.
-                let _ = self.shared.connector.still_serves(
+                let _ = self.channels.connector.still_serves(
                     &channel,
                     self.node,
-                    self.shared.connection_timeout,
+                    self.channels.connection_timeout,
                     None,
                 );
                 self.reroute(vec![tag], None);
@@ -551,7 +553,7 @@ impl NodeThread {
 
     /// An error reply we did see: a `MOVED` names the slot of the subscriptions it refused.
     fn refused(&mut self, e: &RedisError) {
-        let Some(Redirect::Moved(to)) = self.shared.connector.redirect(e, self.node) else {
+        let Some(Redirect::Moved(to)) = self.channels.connector.redirect(e, self.node) else {
             log::debug!("fencelock: a shard subscription's connection said: {e}");
             return;
         };
@@ -561,7 +563,7 @@ impl NodeThread {
         let moved: Vec<String> = self
             .subs
             .iter()
-            .filter(|(tag, s)| !s.confirmed && self.shared.slot(tag) == slot)
+            .filter(|(tag, s)| !s.confirmed && self.channels.slot(tag) == slot)
             .map(|(tag, _)| tag.clone())
             .collect();
         for tag in &moved {
@@ -574,14 +576,14 @@ impl NodeThread {
     /// down would, or lost): the map is asked for again, and they go where it says, at once if
     /// that is another node, after a growing pause if it is this one.
     fn unconfirmed(&mut self, tags: Vec<String>) {
-        self.shared.connector.map_suspect();
-        self.shared
+        self.channels.connector.map_suspect();
+        self.channels
             .connector
-            .refresh(self.shared.connection_timeout);
+            .refresh(self.channels.connection_timeout);
         let now = Instant::now();
         let mut elsewhere = Vec::new();
         for tag in tags {
-            if self.shared.node_of(&tag) != self.node {
+            if self.channels.node_of(&tag) != self.node {
                 self.subs.remove(&tag);
                 elsewhere.push(tag);
             } else if let Some(sub) = self.subs.get_mut(&tag) {
@@ -590,14 +592,14 @@ impl NodeThread {
                 let pause = Backoff::FIRST * 2u32.saturating_pow(sub.unconfirmed.min(12));
                 sub.not_before = Some(now + pause.min(MAX_UNCONFIRMED_PAUSE));
                 if sub.unconfirmed == 3
-                    && !std::mem::replace(&mut self.shared.routes().warned, true)
+                    && !std::mem::replace(&mut self.channels.routes().warned, true)
                 {
                     log::warn!(
                         "fencelock: the server does not confirm the subscription to {:?}, so \
                          handoffs to this client are published to every node of the cluster \
                          (does the ACL user lack SSUBSCRIBE, or the channel pattern \
                          '&<namespace>:released:*'?)",
-                        self.shared.channel(&tag)
+                        self.channels.channel(&tag)
                     );
                 }
             }
@@ -608,31 +610,31 @@ impl NodeThread {
     /// Hands the subscriptions of `tags`, already taken out of ours, to the node the map names
     /// now (or `to`), or keeps them to send again here.
     fn reroute(&mut self, tags: Vec<String>, to: Option<Node>) {
-        let shared = Arc::clone(&self.shared);
-        let mut routes = shared.routes();
+        let channels = Arc::clone(&self.channels);
+        let mut routes = channels.routes();
         for tag in tags {
             // A key dropped meanwhile is not ours to move.
             if routes.keys.get(&tag) != Some(&self.node) {
                 continue;
             }
-            let node = to.unwrap_or_else(|| shared.node_of(&tag));
+            let node = to.unwrap_or_else(|| channels.node_of(&tag));
             if node == self.node {
                 self.subs.insert(tag, Sub::new());
             } else {
-                shared.assign(&mut routes, tag, node);
+                channels.assign(&mut routes, tag, node);
             }
         }
     }
 
     /// Moves the keys whose slot the map gives to another master now.
     fn check_routes(&mut self) {
-        self.shared
+        self.channels
             .connector
-            .refresh(self.shared.connection_timeout);
+            .refresh(self.channels.connection_timeout);
         let moved: Vec<String> = self
             .subs
             .keys()
-            .filter(|tag| self.shared.node_of(tag) != self.node)
+            .filter(|tag| self.channels.node_of(tag) != self.node)
             .cloned()
             .collect();
         if moved.is_empty() {
@@ -649,14 +651,14 @@ impl NodeThread {
 
     /// Unsubscribes from keys nobody of ours has waited for since [`LINGER`].
     fn linger(&mut self, now: Instant) {
-        let Some(waiters) = self.shared.waiters.upgrade() else {
+        let Some(waiters) = self.channels.waiters.upgrade() else {
             return;
         };
         let mut gone = Vec::new();
         {
             // Decided under the routes' lock, which `watch` takes: a waiter that found its key
             // watched is in the local queue then, so its key is never unsubscribed under it.
-            let mut routes = self.shared.routes();
+            let mut routes = self.channels.routes();
             for (tag, sub) in &mut self.subs {
                 if waiters.waits_on(tag) {
                     sub.idle_since = None;
@@ -682,7 +684,7 @@ impl NodeThread {
         log::debug!("fencelock: a shard subscription's connection failed: {e}");
         self.con = None;
         self.probe = None;
-        self.shared.connector.failed(self.node, 0, e);
+        self.channels.connector.failed(self.node, 0, e);
         self.pause.sleep();
         // Keys that stay here (lingering as they were) are subscribed again on the next
         // connection; the heads of the others are woken by their new node's confirmation.
@@ -695,8 +697,8 @@ impl NodeThread {
 
     /// Ends the thread if no key came for it meanwhile.
     fn retire(&mut self) -> bool {
-        let shared = Arc::clone(&self.shared);
-        let mut routes = shared.routes();
+        let channels = Arc::clone(&self.channels);
+        let mut routes = channels.routes();
         // Keys are sent under this lock: none can arrive between the look and the removal.
         if !self.rx.is_empty() {
             return false;
@@ -711,7 +713,7 @@ impl NodeThread {
 mod tests {
     use super::*;
 
-    fn shared() -> Arc<Shared> {
+    fn channels() -> Arc<Channels> {
         let topology = crate::Topology::cluster(["redis://127.0.0.1:1"]);
         let connector = Connector::open(
             &topology,
@@ -728,22 +730,22 @@ mod tests {
             Duration::from_secs(1),
             Weak::new(),
         )
-        .shared
+        .channels
     }
 
     #[test]
     fn a_channel_is_in_its_keys_slot_and_gives_its_tag_back() {
-        let shared = shared();
+        let channels = channels();
         for tag in ["k", "a:b", "%7Bx%7D", "released:%25"] {
-            let channel = shared.channel(tag);
-            assert_eq!(shared.tag_of(&channel), Some(tag), "{channel}");
+            let channel = channels.channel(tag);
+            assert_eq!(channels.tag_of(&channel), Some(tag), "{channel}");
             assert_eq!(
-                shared.slot(tag),
+                channels.slot(tag),
                 crate::net::connector::slot(format!("ns:a:lock:{{{tag}}}").as_bytes()),
                 "{channel}"
             );
         }
-        assert_eq!(shared.tag_of("ns:a:released:{k}:s9999"), None);
-        assert_eq!(shared.tag_of("ns:released:{k}:s0123"), None);
+        assert_eq!(channels.tag_of("ns:a:released:{k}:s9999"), None);
+        assert_eq!(channels.tag_of("ns:released:{k}:s0123"), None);
     }
 }
