@@ -24,8 +24,9 @@ pub(crate) struct Grant {
     /// own attempt was granted): the release takes the entry out.
     pub(crate) queued: bool,
     /// How many releases in a row handed this lock from one thread of this client to the next
-    /// ahead of other clients' waiters, this grant's included (see `wait::MAX_LOCAL_RUN`). It travels
-    /// with the lock, not with the key's local queue, which empties between turns.
+    /// ahead of other clients' waiters, this grant's included (see `MAX_LOCAL_RUN` in
+    /// `one_master/wait.rs`). It travels with the lock, not with the key's local queue, which
+    /// empties between turns.
     pub(crate) local_run: u32,
     /// When the guard was made, for the hold time (`metrics`).
     pub(crate) granted_at: Since,

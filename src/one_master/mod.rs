@@ -10,6 +10,10 @@
 //! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |
 //!
 //! A quorum client has none of these; see `quorum/`.
+//!
+//! Lock order: the local queues (`queue.rs`), a grant's lease state and the renewal inbox are
+//! each taken alone, never one inside another, except that the queues' lock is held while a
+//! waiter's state is read or set (`wait.rs`).
 
 mod acquire;
 mod listener;

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! attempt ─► acquire on all N ──► a majority granted in time? ──► T = the largest of their tokens
-//!            (master.rs: in          no: release on all N,           │
+//!            (masters.rs: in         no: release on all N,           │
 //!             parallel)              retry later (wait.rs)            ▼
 //!                                                         confirm(T) on those that granted
 //!                                                         ──► a majority confirmed in time?
@@ -146,14 +146,14 @@ impl Quorum {
     /// See [`Engine::release`](crate::engine::Engine::release).
     pub(crate) fn release(&self, grant: &Arc<Grant>) -> Result<()> {
         self.stop(grant);
-        release::give_back(self, grant)
+        release::release(self, grant)
     }
 
     /// See [`Engine::release_detached`](crate::engine::Engine::release_detached): each master's
     /// worker sends it, and nobody waits.
     pub(crate) fn release_detached(&self, grant: &Arc<Grant>) {
         self.stop(grant);
-        release::release(self, &grant.keys, None);
+        release::release_keys(self, &grant.keys, None);
     }
 
     /// Ends the grant's renewal.

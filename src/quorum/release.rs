@@ -37,10 +37,10 @@ pub(super) fn give_up(q: &Quorum, keys: &LockKeys, lease: Duration, tell: bool) 
 
 /// The release of a grant whose holder waits for the answer (`unlock`), a response timeout at
 /// most.
-pub(super) fn give_back(q: &Quorum, grant: &Grant) -> Result<()> {
+pub(super) fn release(q: &Quorum, grant: &Grant) -> Result<()> {
     let user = grant.keys.user();
     let until = Instant::now() + q.response_timeout;
-    let released = match release(q, &grant.keys, Some(until)) {
+    let released = match release_keys(q, &grant.keys, Some(until)) {
         Some(Ok(false)) => {
             grant.mark_lost("a majority of the masters no longer held it at release");
             Err(Error::LockLost {
@@ -64,7 +64,11 @@ pub(super) fn give_back(q: &Quorum, grant: &Grant) -> Result<()> {
 /// when released (found and deleted on at least one master, and not found gone on more than
 /// N − majority), `false` when more than N − majority said it was not ours any more (the
 /// lease ran out first); without, returns at once (`None`).
-pub(super) fn release(q: &Quorum, keys: &LockKeys, wait: Option<Instant>) -> Option<Result<bool>> {
+pub(super) fn release_keys(
+    q: &Quorum,
+    keys: &LockKeys,
+    wait: Option<Instant>,
+) -> Option<Result<bool>> {
     let channel = wait::channel(&q.namespace, keys.tag());
     // A drop waits for nothing: the release is worth sending while the lease may last.
     let expires =

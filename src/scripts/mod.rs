@@ -38,7 +38,7 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// The write-back of a quorum grant (`quorum.rs`).
+/// The write-back of a quorum grant (`quorum/acquire.rs`).
 pub(crate) static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("grant.lua"),

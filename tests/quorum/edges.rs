@@ -405,3 +405,60 @@ fn lock_with_a_majority_frozen_times_out_after_a_connection_and_a_response_timeo
     let guard = c.try_lock("quiet", ms(5_000)).unwrap();
     assert!(guard.is_some(), "not granted after the masters resumed");
 }
+
+fn flush_scripts(servers: &[RedisServer]) {
+    for s in servers {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut s.connection())
+            .unwrap();
+    }
+}
+
+/// `force_unlock` and `status` run scripts of their own on every master: they work on a free and
+/// on a held key, and after the masters forgot every script (a restart, `SCRIPT FLUSH`).
+#[test]
+fn force_unlock_and_status_work_after_the_masters_forget_their_scripts() {
+    let servers = masters(3);
+    let holder = client(&servers, 5_000, 2_000);
+    let operator = client(&servers, 5_000, 2_000);
+    assert!(!operator.force_unlock("free").unwrap());
+    let guard = holder.lock("k").unwrap();
+    let status = operator.status("k").unwrap();
+    assert!(status.held, "{status:?}");
+    assert_eq!(status.token, Some(guard.token()));
+
+    flush_scripts(&servers);
+    let status = operator.status("k").unwrap();
+    assert!(status.held, "after SCRIPT FLUSH: {status:?}");
+    assert_eq!(status.token, Some(guard.token()));
+
+    flush_scripts(&servers);
+    assert!(operator.force_unlock("k").unwrap());
+    for s in &servers {
+        assert!(!support::lock_exists(&mut s.connection(), "k"));
+    }
+    assert!(!operator.force_unlock("k").unwrap());
+    assert!(!operator.status("k").unwrap().held);
+    let unlocked = guard.unlock();
+    assert!(
+        matches!(unlocked, Err(fencelock::Error::LockLost { .. })),
+        "{unlocked:?}"
+    );
+}
+
+/// A fenced store made from a quorum client has no one server to store on: every call is
+/// refused, as `FencedRedis::from` documents.
+#[test]
+fn a_fenced_store_from_a_quorum_client_refuses_every_call() {
+    let servers = masters(3);
+    let client = client(&servers, 5_000, 2_000);
+    let store = fencelock::FencedRedis::from(&client);
+    let guard = client.lock("x").unwrap();
+    let got = store.get("x");
+    assert!(matches!(got, Err(fencelock::Error::Rejected(_))), "{got:?}");
+    let got = store.set("x", guard.token(), "v");
+    assert!(matches!(got, Err(fencelock::Error::Rejected(_))), "{got:?}");
+    let got = store.highest_token("x");
+    assert!(matches!(got, Err(fencelock::Error::Rejected(_))), "{got:?}");
+}

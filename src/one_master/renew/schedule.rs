@@ -4,7 +4,7 @@
 //! each must have been confirmed. Every method that depends on the time takes it as `now`, and
 //! none waits or talks to Redis: it answers what to do (the grants due, grouped into pipelines;
 //! the grants lost, and why) and is told what the round trips brought back. The thread in
-//! `renewal.rs` does the rest: the inbox, the connections, the wire.
+//! `renew.rs` does the rest: the inbox, the connections, the wire.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
