@@ -597,7 +597,11 @@ impl Builder {
     /// `rediss://`.
     pub fn build(self) -> Result<LockClient> {
         let (topology, config, tls) = self.into_parts();
-        let connector = Arc::new(Connector::open(&topology, &tls, config.connection_timeout)?);
+        let connector = Arc::new(Connector::open(
+            topology.resolve()?,
+            &tls,
+            config.connection_timeout,
+        )?);
         config.validate()?;
         Ok(LockClient {
             shared: Shared::start(connector, config)?,

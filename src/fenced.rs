@@ -596,7 +596,7 @@ impl FencedBuilder {
     /// holds the data).
     pub fn build(self) -> Result<FencedRedis> {
         let connector = Arc::new(Connector::open(
-            &self.topology,
+            self.topology.resolve()?,
             &self.tls,
             self.connection_timeout,
         )?);

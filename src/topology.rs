@@ -1,16 +1,18 @@
 //! What a client connects to: one server, the master that Redis Sentinel names, a Redis
 //! Cluster, or a quorum of independent masters.
 //!
-//! This is the description and its checks; the URL forms are parsed, checked and shown without
-//! their passwords in `net/url.rs`, and the connector (`net/connector.rs`) makes connections
-//! from what it describes.
+//! This is the description users build and see; a client's build resolves it into what
+//! `net/target.rs` describes and checks (the URL forms are parsed in `net/url.rs`), and the
+//! connector (`net/connector.rs`) makes connections from that.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::net::url::{self, encode, host_port, server_of, shown, with_sentinel_port};
+use crate::net::target::{ClusterSpec, QuorumSpec, SentinelSpec, Target};
+use crate::net::url::{self, encode, host_port, shown, with_sentinel_port};
 
+pub use crate::net::target::QUORUM_MIN_NODES;
 pub use crate::net::url::SENTINEL_PORT;
 
 /// The Redis deployment a [`LockClient`](crate::LockClient) or a
@@ -65,47 +67,19 @@ pub use crate::net::url::SENTINEL_PORT;
 #[derive(Clone, PartialEq, Eq)]
 pub struct Topology {
     kind: Kind,
-}
-
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A URL not yet looked at: one server, or a `redis+sentinel://` URL (parsed when built, so
-    /// that `From<&str>` cannot fail).
-    Url(String),
-    Sentinel(SentinelSpec),
-    Cluster(ClusterSpec),
-    Quorum(QuorumSpec),
-}
-
-/// The independent masters of a quorum: `redis://` (or `rediss://`) URLs, each with its own
-/// credentials and database.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct QuorumSpec {
-    pub(crate) nodes: Vec<String>,
-}
-
-/// The fewest masters a quorum takes: with fewer, one master down stops every lock.
-pub const QUORUM_MIN_NODES: usize = 3;
-
-/// The seed nodes of a Redis Cluster: `redis://` (or `rediss://`) URLs, each with the
-/// credentials of the cluster's nodes. Every node found later is reached with the first seed's
-/// credentials and scheme.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct ClusterSpec {
-    pub(crate) seeds: Vec<String>,
-}
-
-/// The sentinels to ask, which master to ask them for, and how to log in to it.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct SentinelSpec {
-    /// `redis://` (or `rediss://`) URLs of the sentinels, each with its own credentials.
-    pub(crate) sentinels: Vec<String>,
-    pub(crate) master_name: String,
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<String>,
-    pub(crate) db: i64,
-    /// Set by a setter that applies only to Sentinel, on a single-server topology.
+    /// A setter that applies only to Sentinel, given to a topology of another kind: the topology
+    /// is then a Sentinel stand-in that `build()` refuses, where every setting is checked.
     misuse: Option<&'static str>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum Kind {
+    /// A URL not yet looked at: one server, or any of the forms of several servers (parsed
+    /// when built, so that `From<&str>` cannot fail).
+    Url(String),
+    /// Sentinel, Cluster or a quorum, made by hand or parsed from a URL; checked when built. A
+    /// single server stays a `Url`.
+    Target(Target),
 }
 
 impl Topology {
@@ -114,6 +88,7 @@ impl Topology {
     pub fn single(url: impl Into<String>) -> Topology {
         Topology {
             kind: Kind::Url(url.into()),
+            misuse: None,
         }
     }
 
@@ -146,7 +121,7 @@ impl Topology {
         S: Into<String>,
     {
         Topology {
-            kind: Kind::Sentinel(SentinelSpec {
+            kind: Kind::Target(Target::Sentinel(SentinelSpec {
                 sentinels: sentinels
                     .into_iter()
                     .map(|url| with_sentinel_port(url.into()))
@@ -155,8 +130,8 @@ impl Topology {
                 username: None,
                 password: None,
                 db: 0,
-                misuse: None,
-            }),
+            })),
+            misuse: None,
         }
     }
 
@@ -186,12 +161,13 @@ impl Topology {
         S: Into<String>,
     {
         Topology {
-            kind: Kind::Cluster(ClusterSpec {
+            kind: Kind::Target(Target::Cluster(ClusterSpec {
                 seeds: seeds
                     .into_iter()
                     .map(|url| url.into().trim().to_owned())
                     .collect(),
-            }),
+            })),
+            misuse: None,
         }
     }
 
@@ -226,12 +202,13 @@ impl Topology {
         S: Into<String>,
     {
         Topology {
-            kind: Kind::Quorum(QuorumSpec {
+            kind: Kind::Target(Target::Quorum(QuorumSpec {
                 nodes: nodes
                     .into_iter()
                     .map(|url| url.into().trim().to_owned())
                     .collect(),
-            }),
+            })),
+            misuse: None,
         }
     }
 
@@ -258,104 +235,32 @@ impl Topology {
 
     fn sentinel_only(mut self, setter: &'static str, set: impl FnOnce(&mut SentinelSpec)) -> Self {
         match &mut self.kind {
-            Kind::Sentinel(spec) => set(spec),
-            Kind::Url(url) => match url::sentinel(url).map(|p| p.and_then(SentinelSpec::checked)) {
+            Kind::Target(Target::Sentinel(spec)) => set(spec),
+            Kind::Url(url) | Kind::Target(Target::Single(url)) => match Target::parse(url) {
                 // A `redis+sentinel://` URL converted from a string: parse it now.
-                Some(Ok(mut spec)) => {
+                Some(Ok(Target::Sentinel(mut spec))) => {
                     set(&mut spec);
-                    self.kind = Kind::Sentinel(spec);
+                    self.kind = Kind::Target(Target::Sentinel(spec));
                 }
                 _ => {
                     // Reported by build(), which is where every setting is checked.
-                    let mut spec = SentinelSpec::misused(url);
-                    spec.misuse = Some(setter);
-                    self.kind = Kind::Sentinel(spec);
+                    self.kind = Kind::Target(Target::Sentinel(stand_in(url)));
+                    self.misuse = Some(setter);
                 }
             },
-            Kind::Cluster(ClusterSpec { seeds: urls })
-            | Kind::Quorum(QuorumSpec { nodes: urls }) => {
-                let mut misused = SentinelSpec::misused(urls.first().map_or("", |s| s));
-                misused.misuse = Some(setter);
-                self.kind = Kind::Sentinel(misused);
+            Kind::Target(Target::Cluster(ClusterSpec { seeds: urls }))
+            | Kind::Target(Target::Quorum(QuorumSpec { nodes: urls })) => {
+                self.kind =
+                    Kind::Target(Target::Sentinel(stand_in(urls.first().map_or("", |s| s))));
+                self.misuse = Some(setter);
             }
         }
         self
     }
 
-    /// What to connect to, checked: a single server's URL, or a Sentinel set-up.
-    pub(crate) fn resolve(&self) -> Result<Kind> {
-        match &self.kind {
-            Kind::Url(url) => parse(url).unwrap_or_else(|| Ok(Kind::Url(url.clone()))),
-            Kind::Sentinel(spec) => {
-                spec.check()?;
-                Ok(Kind::Sentinel(spec.clone()))
-            }
-            Kind::Cluster(spec) => {
-                spec.check()?;
-                Ok(Kind::Cluster(spec.clone()))
-            }
-            Kind::Quorum(spec) => {
-                spec.check()?;
-                Ok(Kind::Quorum(spec.clone()))
-            }
-        }
-    }
-}
-
-/// A URL of several servers (`redis+sentinel://`, `redis+cluster://`, `redis+quorum://` or their
-/// `rediss+` forms), parsed and checked; `None` for a single server's URL.
-fn parse(url: &str) -> Option<Result<Kind>> {
-    if let Some(parsed) = url::sentinel(url) {
-        return Some(parsed.and_then(SentinelSpec::checked).map(Kind::Sentinel));
-    }
-    if let Some(seeds) = url::cluster(url) {
-        return Some(seeds.and_then(|seeds| {
-            let spec = ClusterSpec { seeds };
-            spec.check().map(|()| Kind::Cluster(spec))
-        }));
-    }
-    let nodes = url::quorum(url)?;
-    Some(nodes.and_then(|nodes| {
-        let spec = QuorumSpec { nodes };
-        spec.check().map(|()| Kind::Quorum(spec))
-    }))
-}
-
-impl SentinelSpec {
-    /// The spec that a `redis+sentinel://` URL names, checked.
-    fn checked(parsed: url::SentinelUrl) -> Result<SentinelSpec> {
-        let url::SentinelUrl {
-            sentinels,
-            master_name,
-            username,
-            password,
-            db,
-        } = parsed;
-        let spec = SentinelSpec {
-            sentinels,
-            master_name,
-            username,
-            password,
-            db,
-            misuse: None,
-        };
-        spec.check()?;
-        Ok(spec)
-    }
-
-    /// A stand-in for a single-server URL given a Sentinel-only setting: fails its check.
-    fn misused(url: &str) -> SentinelSpec {
-        SentinelSpec {
-            sentinels: vec![url.to_owned()],
-            master_name: String::new(),
-            username: None,
-            password: None,
-            db: 0,
-            misuse: None,
-        }
-    }
-
-    fn check(&self) -> Result<()> {
+    /// What to connect to, checked: a single server's URL, or the servers of a Sentinel,
+    /// Cluster or quorum set-up.
+    pub(crate) fn resolve(&self) -> Result<Target> {
         if let Some(setter) = self.misuse {
             return Err(Error::invalid(
                 "topology",
@@ -366,152 +271,25 @@ impl SentinelSpec {
                 ),
             ));
         }
-        if self.sentinels.is_empty() {
-            return Err(Error::invalid("topology", "no sentinel given"));
+        match &self.kind {
+            Kind::Url(url) => Target::parse(url).unwrap_or_else(|| Ok(Target::Single(url.clone()))),
+            Kind::Target(target) => {
+                target.check()?;
+                Ok(target.clone())
+            }
         }
-        if self.master_name.trim().is_empty() {
-            return Err(Error::invalid("topology", "the master name is empty"));
-        }
-        if self
-            .master_name
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(Error::invalid(
-                "topology",
-                format!(
-                    "the master name {:?} has white space or control characters",
-                    self.master_name
-                ),
-            ));
-        }
-        if self.db < 0 {
-            return Err(Error::invalid(
-                "topology",
-                format!("the database {} is negative", self.db),
-            ));
-        }
-        let tls = |url: &str| {
-            url.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("rediss://")
-        };
-        if self.sentinels.iter().any(|u| tls(u)) != self.sentinels.iter().all(|u| tls(u)) {
-            return Err(Error::invalid(
-                "topology",
-                "some sentinel URLs are rediss:// and some are not: TLS is all or nothing",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Whether the sentinels, and so the data nodes, are reached over TLS.
-    pub(crate) fn tls(&self) -> bool {
-        self.sentinels
-            .iter()
-            .all(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss://"))
     }
 }
 
-impl ClusterSpec {
-    fn check(&self) -> Result<()> {
-        let wrong = |why: String| Err(Error::invalid("topology", why));
-        if self.seeds.is_empty() {
-            return wrong("no seed node given".into());
-        }
-        let scheme = |url: &str| {
-            url.split_once("://")
-                .map(|(scheme, _)| scheme.to_ascii_lowercase())
-        };
-        for url in &self.seeds {
-            match scheme(url).as_deref() {
-                Some("redis") | Some("rediss") => {}
-                _ => {
-                    return wrong(format!(
-                        "the seed {} is not a redis:// or rediss:// URL (a cluster node is \
-                         reached over TCP)",
-                        shown(url)
-                    ))
-                }
-            }
-        }
-        if self
-            .seeds
-            .iter()
-            .any(|u| scheme(u) != scheme(&self.seeds[0]))
-        {
-            return wrong(
-                "some seed URLs are rediss:// and some are not: TLS is all or nothing".into(),
-            );
-        }
-        for url in &self.seeds {
-            url::check(url)?;
-        }
-        Ok(())
-    }
-
-    /// Whether the nodes are reached over TLS.
-    pub(crate) fn tls(&self) -> bool {
-        self.seeds
-            .first()
-            .is_some_and(|u| u.to_ascii_lowercase().starts_with("rediss://"))
-    }
-}
-
-impl QuorumSpec {
-    fn check(&self) -> Result<()> {
-        let wrong = |why: String| Err(Error::invalid("topology", why));
-        if self.nodes.len() < QUORUM_MIN_NODES {
-            return wrong(format!(
-                "a quorum needs at least {QUORUM_MIN_NODES} masters, {} given (with fewer, \
-                 one master down stops every lock)",
-                self.nodes.len()
-            ));
-        }
-        let scheme = |url: &str| {
-            url.split_once("://")
-                .map(|(scheme, _)| scheme.to_ascii_lowercase())
-        };
-        for url in &self.nodes {
-            if !matches!(scheme(url).as_deref(), Some("redis") | Some("rediss")) {
-                return wrong(format!(
-                    "the master {} is not a redis:// or rediss:// URL",
-                    shown(url)
-                ));
-            }
-            url::check(url)?;
-        }
-        if self
-            .nodes
-            .iter()
-            .any(|u| scheme(u) != scheme(&self.nodes[0]))
-        {
-            return wrong(
-                "some master URLs are rediss:// and some are not: TLS is all or nothing".into(),
-            );
-        }
-        // One server named twice would count twice towards a majority: with it down, so would
-        // be two of the N, and the quorum would ride out one master fewer than it says.
-        let mut seen: Vec<(String, String)> = Vec::with_capacity(self.nodes.len());
-        for url in &self.nodes {
-            let place = server_of(url);
-            if seen.contains(&place) {
-                return wrong(format!(
-                    "the master {}:{} is named twice: each must be a separate server (one named \
-                     twice counts twice towards a majority, up or down)",
-                    place.0, place.1
-                ));
-            }
-            seen.push(place);
-        }
-        Ok(())
-    }
-
-    /// Whether the masters are reached over TLS.
-    pub(crate) fn tls(&self) -> bool {
-        self.nodes
-            .first()
-            .is_some_and(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+/// A stand-in for a topology given a Sentinel-only setting that it does not take: shown as the
+/// Sentinel form of its first URL, refused when built.
+fn stand_in(url: &str) -> SentinelSpec {
+    SentinelSpec {
+        sentinels: vec![url.to_owned()],
+        master_name: String::new(),
+        username: None,
+        password: None,
+        db: 0,
     }
 }
 
@@ -548,8 +326,11 @@ impl FromStr for Topology {
     /// Parses any of the [forms](Topology#forms), checking it as a client's build would (a
     /// single server's URL is checked without TLS settings).
     fn from_str(url: &str) -> Result<Topology> {
-        if let Some(kind) = parse(url) {
-            return kind.map(|kind| Topology { kind });
+        if let Some(target) = Target::parse(url) {
+            return target.map(|target| Topology {
+                kind: Kind::Target(target),
+                misuse: None,
+            });
         }
         url::check(url)?;
         Ok(Topology::single(url))
@@ -560,8 +341,8 @@ impl fmt::Display for Topology {
     /// The URL form, without passwords.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Url(url) => f.write_str(&shown(url)),
-            Kind::Sentinel(spec) => {
+            Kind::Url(url) | Kind::Target(Target::Single(url)) => f.write_str(&shown(url)),
+            Kind::Target(Target::Sentinel(spec)) => {
                 let scheme = if spec.tls() {
                     "rediss+sentinel"
                 } else {
@@ -586,7 +367,7 @@ impl fmt::Display for Topology {
                 }
                 Ok(())
             }
-            Kind::Cluster(spec) => {
+            Kind::Target(Target::Cluster(spec)) => {
                 let scheme = if spec.tls() {
                     "rediss+cluster"
                 } else {
@@ -608,7 +389,7 @@ impl fmt::Display for Topology {
                 }
                 Ok(())
             }
-            Kind::Quorum(spec) => {
+            Kind::Target(Target::Quorum(spec)) => {
                 // Each master may have credentials and a database of its own: the URL form
                 // when they share them, each URL without its password otherwise.
                 let shown: Vec<String> = spec.nodes.iter().map(|u| shown(u)).collect();
@@ -659,7 +440,7 @@ mod tests {
 
     fn spec(url: &str) -> SentinelSpec {
         match url.parse::<Topology>().map(|t| t.kind) {
-            Ok(Kind::Sentinel(spec)) => spec,
+            Ok(Kind::Target(Target::Sentinel(spec))) => spec,
             other => panic!("{url}: {:?}", other.map(|_| "not sentinel")),
         }
     }
@@ -727,7 +508,7 @@ mod tests {
         let t = Topology::from("redis+sentinel://h/m").master_db(3);
         assert!(matches!(
             t.resolve(),
-            Ok(Kind::Sentinel(SentinelSpec { db: 3, .. }))
+            Ok(Target::Sentinel(SentinelSpec { db: 3, .. }))
         ));
     }
 
@@ -744,7 +525,7 @@ mod tests {
             ],
             "m",
         );
-        let Kind::Sentinel(spec) = &t.kind else {
+        let Kind::Target(Target::Sentinel(spec)) = &t.kind else {
             panic!("not sentinel");
         };
         assert_eq!(
@@ -769,7 +550,7 @@ mod tests {
     #[test]
     fn parses_the_cluster_form() {
         let t: Topology = "redis+cluster://u:p%40ss@h1:1,h2,[::1]:3".parse().unwrap();
-        let Kind::Cluster(spec) = &t.kind else {
+        let Kind::Target(Target::Cluster(spec)) = &t.kind else {
             panic!("not cluster");
         };
         assert_eq!(
@@ -783,7 +564,7 @@ mod tests {
         assert_eq!(t.to_string(), "redis+cluster://u:***@h1:1,h2,[::1]:3");
         assert!(matches!(
             Topology::from("redis+cluster://h1:7000/").resolve(),
-            Ok(Kind::Cluster(ClusterSpec { seeds })) if seeds == ["redis://h1:7000"]
+            Ok(Target::Cluster(ClusterSpec { seeds })) if seeds == ["redis://h1:7000"]
         ));
         let api = Topology::cluster(["redis://h1:1/", "redis://h2:2"]);
         assert_eq!(api.to_string(), "redis+cluster://h1:1,h2:2");
@@ -821,7 +602,7 @@ mod tests {
     #[test]
     fn parses_the_quorum_form() {
         let t: Topology = "redis+quorum://:p%40ss@h1:1,h2,[::1]:3/2".parse().unwrap();
-        let Kind::Quorum(spec) = t.resolve().unwrap() else {
+        let Target::Quorum(spec) = t.resolve().unwrap() else {
             panic!("not quorum");
         };
         assert_eq!(

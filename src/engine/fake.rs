@@ -86,8 +86,12 @@ impl Fake {
     pub(crate) fn client(builder: Builder) -> (LockClient, Arc<Fake>) {
         let (topology, config, tls) = builder.into_parts();
         config.validate().expect("a valid configuration");
-        let connector =
-            Connector::open(&topology, &tls, config.connection_timeout).expect("a URL that parses");
+        let connector = Connector::open(
+            topology.resolve().expect("a URL that parses"),
+            &tls,
+            config.connection_timeout,
+        )
+        .expect("a URL that parses");
         let fake = Arc::new(Fake {
             state: Mutex::new(State::default()),
             freed: Condvar::new(),

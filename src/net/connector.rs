@@ -22,14 +22,15 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
+use crate::net::target::Target;
 use crate::net::tls::{HandshakeFailed, TlsSettings};
 use crate::net::url;
-use crate::topology::{Kind, Topology};
 
 mod cluster;
 mod sentinel;
 
 pub(crate) use cluster::slot;
+use sentinel::is_refusal;
 
 /// Names one Redis server of the deployment among those a client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,29 +72,29 @@ pub(crate) enum Redirect {
 }
 
 impl Connector {
-    /// A connector for `topology`, with `tls` for `rediss://` servers; `connection_timeout`
-    /// bounds the connections a Sentinel watcher makes in the background. Parses and checks
-    /// only: nothing is connected until a connection is asked for.
+    /// A connector for `target` (one that passed its checks), with `tls` for `rediss://`
+    /// servers; `connection_timeout` bounds the connections a Sentinel watcher makes in the
+    /// background. Parses only: nothing is connected until a connection is asked for.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if a URL does not parse, or the TLS settings do not (or were
     /// given for a URL that is not `rediss://`).
     pub(crate) fn open(
-        topology: &Topology,
+        target: Target,
         tls: &TlsSettings,
         connection_timeout: Duration,
     ) -> Result<Connector> {
-        let shape = match topology.resolve()? {
-            Kind::Url(url) => Shape::Single(Box::new(url::client(&url, tls)?)),
-            Kind::Sentinel(spec) => {
+        let shape = match target {
+            Target::Single(url) => Shape::Single(Box::new(url::client(&url, tls)?)),
+            Target::Sentinel(spec) => {
                 Shape::Sentinel(sentinel::Sentinel::open(&spec, tls, connection_timeout)?)
             }
-            Kind::Cluster(spec) => Shape::Cluster(Box::new(cluster::Cluster::open(
+            Target::Cluster(spec) => Shape::Cluster(Box::new(cluster::Cluster::open(
                 &spec,
                 tls,
                 connection_timeout,
             )?)),
-            Kind::Quorum(spec) => Shape::Quorum(
+            Target::Quorum(spec) => Shape::Quorum(
                 spec.nodes
                     .iter()
                     .map(|u| url::client(u, tls))
@@ -429,5 +430,3 @@ pub(crate) fn connect_error(e: redis::RedisError) -> Error {
         Error::Rejected(Box::new(e))
     }
 }
-
-use sentinel::is_refusal;

@@ -8,6 +8,7 @@
 //! | file | what it holds |
 //! |---|---|
 //! | `url.rs` | every URL form: parsed, checked, and shown without its password |
+//! | `target.rs` | what to connect to, resolved and checked: one server, Sentinel, Cluster or a quorum |
 //! | `connector.rs` | where connections come from: one server, or `sentinel.rs` and `cluster.rs` under `connector/` |
 //! | `router.rs` | which pool a key's call goes to, and following a cluster's redirects |
 //! | `pool.rs` | the connection pool of one node; `pool/combine.rs` batches unlocks |
@@ -19,6 +20,7 @@ pub(crate) mod connector;
 pub(crate) mod pool;
 pub(crate) mod router;
 pub(crate) mod subscriber;
+pub(crate) mod target;
 pub(crate) mod tls;
 pub(crate) mod url;
 pub(crate) mod wire;

@@ -9,7 +9,7 @@
 //!
 //! Each form's error message ends with the form expected, and names the URL by [`shown`], never
 //! with its password. What the parsed URLs describe, and the checks of that description (a
-//! quorum's size, TLS all or nothing), are the topology's.
+//! quorum's size, TLS all or nothing), are `target.rs`'s.
 
 use crate::error::{Error, Result};
 use crate::net::tls::{self, TlsSettings, TLS_IS_OFF};

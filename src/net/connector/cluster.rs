@@ -29,8 +29,8 @@ use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
 use super::Node;
 use crate::error::{Error, Result};
+use crate::net::target::ClusterSpec;
 use crate::net::tls::TlsSettings;
-use crate::topology::ClusterSpec;
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, Value};
 
 use crate::error::Result;
+use crate::net::target::SentinelSpec;
 use crate::net::tls::TlsSettings;
-use crate::topology::SentinelSpec;
 
 /// How often the watcher asks its sentinel for the master and the master for its role.
 const CHECK: Duration = Duration::from_millis(500);

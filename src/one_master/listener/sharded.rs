@@ -716,7 +716,7 @@ mod tests {
     fn channels() -> Arc<Channels> {
         let topology = crate::Topology::cluster(["redis://127.0.0.1:1"]);
         let connector = Connector::open(
-            &topology,
+            topology.resolve().unwrap(),
             &crate::net::tls::TlsSettings::default(),
             Duration::from_secs(1),
         )
