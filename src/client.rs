@@ -5,11 +5,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::Builder;
+use crate::config::{settings_setter, Config, Settings, DEFAULT_LEASE};
 use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
-use crate::key::LockKeys;
+use crate::key::{LockKeys, DEFAULT_IDLE_EXPIRY};
 use crate::metrics::{self, Since};
 use crate::net::connector::Connector;
 use crate::options::{Deadline, LockOptions};
@@ -586,7 +586,184 @@ impl From<&LockClient> for FencedRedis {
     }
 }
 
+/// Configures and builds a [`LockClient`]; made by [`LockClient::builder`].
+///
+/// Setters only record values; [`build`](Builder::build) validates all of them and reports the
+/// first bad one as [`Error::InvalidArgument`]. Nothing here touches the network.
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock::LockClient;
+///
+/// let err = LockClient::builder("redis://127.0.0.1:6379/")
+///     .lease(Duration::from_millis(1))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.is_invalid_argument());
+/// ```
+#[derive(Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct Builder {
+    topology: Topology,
+    /// What a fenced store's builder records too.
+    settings: Settings,
+    lease: Duration,
+    idle_expiry: Duration,
+}
+
 impl Builder {
+    fn new(topology: Topology) -> Builder {
+        Builder {
+            topology,
+            settings: Settings::default(),
+            lease: DEFAULT_LEASE,
+            idle_expiry: DEFAULT_IDLE_EXPIRY,
+        }
+    }
+
+    settings_setter! {
+        /// Prefix of every Redis key and channel this client uses, like a registry path: clients
+        /// with different namespaces never contend, even for equal keys.
+        fn Builder::namespace;
+    }
+
+    /// How long a grant lives in Redis without renewal. The renewal thread extends it about every
+    /// lease/3 while the guard lives, so the lease is the time another client waits after a holder
+    /// crashes, not a bound on how long you may hold a lock.
+    ///
+    /// Whole milliseconds from [`MIN_LEASE`](crate::MIN_LEASE) (10 ms) to
+    /// [`MAX_LEASE`](crate::MAX_LEASE) (24 h); a fraction of a millisecond is rejected. Defaults
+    /// to 30 s.
+    pub fn lease(mut self, lease: Duration) -> Builder {
+        self.lease = lease;
+        self
+    }
+
+    settings_setter! {
+        /// Maximum number of pooled connections for acquire and release (renewal and wake-ups use
+        /// connections of their own).
+        fn Builder::pool_size;
+    }
+
+    settings_setter! {
+        /// How long a call may wait for a connection: for one attempt to connect to Redis (and
+        /// its set-up: password, database), or for a pooled connection to come free when all are
+        /// in use. A call whose attempt fails reports it at once: [`Error::Connection`] (refused,
+        /// timed out), [`Error::Rejected`] (wrong credentials or database), or
+        /// [`Error::PoolExhausted`]. Nothing is retried until the timeout runs out.
+        fn Builder::connection_timeout;
+    }
+
+    settings_setter! {
+        /// How long to wait for a reply to a command before reporting [`Error::Timeout`].
+        fn Builder::response_timeout;
+    }
+
+    settings_setter! {
+        /// Makes every grant wait until at least `replicas` replicas have it, for at most
+        /// `timeout`: the acquire script and a `WAIT replicas timeout` go out in one pipeline on
+        /// one connection, so the count is for this very grant. A grant acknowledged by fewer
+        /// replicas in time is released and reported as [`Error::NotReplicated`], never as held:
+        /// after a failover to a replica, an acknowledged grant (its lock and its token) is still
+        /// there.
+        ///
+        /// Renewals wait the same way: the renewal thread ends each pipeline with the `WAIT`, and
+        /// a renewal acknowledged by too few replicas does not move the guard's deadline, so a
+        /// guard never says held past the lease its replicas know. While replicas stay out of
+        /// reach, held locks are therefore reported lost when their lease runs out, though the
+        /// master still has them.
+        fn Builder::min_replica_acks;
+        /// A [`FencedRedis`] made with `FencedRedis::from(&client)` takes the same setting for its
+        /// writes.
+        ///
+        /// ```no_run
+        /// use std::time::Duration;
+        /// use fencelock::{LockClient, Topology};
+        ///
+        /// # fn main() -> Result<(), fencelock::Error> {
+        /// // Sentinel with two replicas: a grant counts once one of them has it.
+        /// let client = LockClient::builder(Topology::sentinel(
+        ///         ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+        ///         "mymaster"))
+        ///     .min_replica_acks(1, Duration::from_millis(500))
+        ///     .build()?;
+        /// match client.try_lock("report", Duration::from_secs(5)) {
+        ///     Ok(Some(guard)) => guard.unlock()?,
+        ///     Ok(None) => println!("held by another"),
+        ///     // No replica had the grant in time: it was given back; try again later.
+        ///     Err(e) if e.is_not_replicated() => println!("{e}"),
+        ///     Err(e) => return Err(e),
+        /// }
+        /// # Ok(()) }
+        /// ```
+    }
+
+    /// How long Redis keeps a key's bookkeeping once nobody locks the key: its fence counter
+    /// expires this long after the Redis server's clock, read in microseconds, passes the last
+    /// token granted, which is this long after the last grant unless the counter ran ahead of
+    /// the clock. Every grant re-arms it. (The lock key lives for its lease, and a key's queue
+    /// of waiters as long as its longest-lived entry.)
+    ///
+    /// Tokens keep increasing across the expiry: the first grant after it takes its token from
+    /// the server clock (the clock floor), which is then past every earlier token, provided the
+    /// Redis server's wall clock never steps back by more than `idle` (see "How long the fence
+    /// counter lives" in `docs/design.md`). A longer expiry tolerates a larger step back of the
+    /// clock, and keeps more keys: about 170 bytes of Redis memory for each key locked within
+    /// that time, with short key names (`docs/benchmarks.md`, run J).
+    ///
+    /// Whole milliseconds from [`MIN_IDLE_EXPIRY`](crate::MIN_IDLE_EXPIRY) (1 s) to
+    /// [`MAX_IDLE_EXPIRY`](crate::MAX_IDLE_EXPIRY) (ten years); a fraction of a millisecond is
+    /// rejected. Defaults to 24 h.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use fencelock::LockClient;
+    ///
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// // Request ids as lock keys: forget each one a week after its last use.
+    /// let client = LockClient::builder("redis://127.0.0.1:6379/")
+    ///     .idle_expiry(Duration::from_secs(7 * 24 * 60 * 60))
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn idle_expiry(mut self, idle: Duration) -> Builder {
+        self.idle_expiry = idle;
+        self
+    }
+
+    settings_setter! {
+        fn Builder::tls_root_certificates;
+        /// ```no_run
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// use fencelock::LockClient;
+        ///
+        /// let client = LockClient::builder("rediss://redis.internal:6380/")
+        ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+        ///     .build()?;
+        /// # drop(client);
+        /// # Ok(()) }
+        /// ```
+    }
+
+    settings_setter! {
+        fn Builder::tls_client_certificate;
+        /// ```no_run
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// use fencelock::LockClient;
+        ///
+        /// let client = LockClient::builder("rediss://redis.internal:6380/")
+        ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+        ///     .tls_client_certificate(
+        ///         std::fs::read("/etc/orders/tls/client.crt")?,
+        ///         std::fs::read("/etc/orders/tls/client.key")?,
+        ///     )
+        ///     .build()?;
+        /// # drop(client);
+        /// # Ok(()) }
+        /// ```
+    }
+
     /// Validates every setting and starts the client: its pool, its renewal thread and its
     /// pub/sub connection. Connections are made lazily, so Redis need not be up yet.
     ///
@@ -596,16 +773,34 @@ impl Builder {
     /// `tls` feature), or TLS settings that do not parse or were given for a URL that is not
     /// `rediss://`.
     pub fn build(self) -> Result<LockClient> {
-        let (topology, config, tls) = self.into_parts();
-        let connector = Arc::new(Connector::open(
-            topology.resolve()?,
-            &tls,
-            config.connection_timeout,
-        )?);
-        config.validate()?;
+        let (connector, config) = self.open()?;
         Ok(LockClient {
             shared: Shared::start(connector, config)?,
         })
+    }
+
+    /// What [`build`](Builder::build) starts a client on: the deployment's connector (nothing
+    /// dialled yet) and the checked configuration. Unit tests start a fake engine on them.
+    pub(crate) fn open(self) -> Result<(Arc<Connector>, Config)> {
+        let connector = Arc::new(Connector::open(
+            self.topology.resolve()?,
+            &self.settings.tls,
+            self.settings.connection_timeout,
+        )?);
+        let config = Config::new(self.settings, self.lease, self.idle_expiry)?;
+        Ok((connector, config))
+    }
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The topology shows itself without passwords; the TLS settings without keys.
+        f.debug_struct("Builder")
+            .field("topology", &self.topology)
+            .field("settings", &self.settings)
+            .field("lease", &self.lease)
+            .field("idle_expiry", &self.idle_expiry)
+            .finish_non_exhaustive()
     }
 }
 

@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, Script, Value};
 
-use crate::config::{validate_connections, validate_replica_acks};
+use crate::config::{settings_setter, Settings};
 use crate::error::{Error, Result};
 use crate::key::{validate_namespace, LockKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
-use crate::net::tls::TlsSettings;
 use crate::scripts::{self, ReplicaAcks};
 use crate::token::FencingToken;
 use crate::topology::Topology;
@@ -33,13 +32,6 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("scripts/f
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
 }
-
-/// Namespace of a store opened with [`FencedRedis::open`]; the same default as `LockClient`'s.
-const DEFAULT_NAMESPACE: &str = "fencelock";
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections in the store's pool.
-const POOL_SIZE: u32 = 16;
 
 /// A key-value store on Redis that refuses writes carrying a stale [`FencingToken`].
 ///
@@ -119,12 +111,7 @@ impl FencedRedis {
     pub fn builder(topology: impl Into<Topology>) -> FencedBuilder {
         FencedBuilder {
             topology: topology.into(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            pool_size: POOL_SIZE,
-            connection_timeout: CONNECTION_TIMEOUT,
-            response_timeout: RESPONSE_TIMEOUT,
-            replica_acks: None,
-            tls: TlsSettings::default(),
+            settings: Settings::default(),
         }
     }
 
@@ -458,133 +445,96 @@ fn acked_write(
 #[must_use = "a builder does nothing until build() is called"]
 pub struct FencedBuilder {
     topology: Topology,
-    namespace: String,
-    pool_size: u32,
-    connection_timeout: Duration,
-    response_timeout: Duration,
-    replica_acks: Option<ReplicaAcks>,
-    tls: TlsSettings,
+    /// What a client's builder records too.
+    settings: Settings,
 }
 
 impl FencedBuilder {
-    /// Prefix of the store's Redis keys; see [`FencedRedis::with_namespace`]. Defaults to
-    /// `"fencelock"`.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> FencedBuilder {
-        self.namespace = namespace.into();
-        self
+    settings_setter! {
+        /// Prefix of the store's Redis keys; see [`FencedRedis::with_namespace`].
+        fn FencedBuilder::namespace;
     }
 
-    /// Maximum number of pooled connections, from 1 to [`MAX_POOL_SIZE`](crate::MAX_POOL_SIZE).
-    /// Defaults to 16.
-    pub fn pool_size(mut self, size: u32) -> FencedBuilder {
-        self.pool_size = size;
-        self
+    settings_setter! {
+        /// Maximum number of pooled connections.
+        fn FencedBuilder::pool_size;
     }
 
-    /// How long a call may wait to connect, or for a pooled connection to come free. Greater
-    /// than zero, at most [`MAX_TIMEOUT`](crate::MAX_TIMEOUT). Defaults to 5 s.
-    pub fn connection_timeout(mut self, timeout: Duration) -> FencedBuilder {
-        self.connection_timeout = timeout;
-        self
+    settings_setter! {
+        /// How long a call may wait to connect, or for a pooled connection to come free.
+        fn FencedBuilder::connection_timeout;
     }
 
-    /// How long to wait for a reply before reporting [`Error::Timeout`] (the write may still
-    /// have been applied). Greater than zero, at most [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
-    /// Defaults to 5 s.
-    pub fn response_timeout(mut self, timeout: Duration) -> FencedBuilder {
-        self.response_timeout = timeout;
-        self
+    settings_setter! {
+        /// How long to wait for a reply before reporting [`Error::Timeout`] (the write may still
+        /// have been applied).
+        fn FencedBuilder::response_timeout;
     }
 
-    /// Makes every write wait until at least `replicas` replicas have it, for at most
-    /// `timeout`: on Sentinel or Cluster, a failover then cannot undo a write reported
-    /// accepted, nor let an older token in after it. Off by default.
-    ///
-    /// Each write script goes out with a `WAIT replicas timeout` behind it, in one pipeline on
-    /// one connection, so the count is for this very write. A write acknowledged by fewer
-    /// replicas in time is reported as [`Error::NotReplicated`], not as accepted. It is not
-    /// undone: the master applied it, and whether it survives a failover depends on whether the
-    /// promoted replica received it. Treat it as a write whose outcome is unknown, like a
-    /// timeout: repeat it with the same token (safe for `set`, `delete` and `claim`; an
-    /// `incr_by` may count twice), or give the work up. A refused write
-    /// ([`Error::StaleToken`]) stays refused, though it may wait up to `timeout` for the WAIT
-    /// when replicas lag.
-    ///
-    /// Without it, a write is reported accepted once the master has it: if the master then
-    /// fails before a replica received the write, the promoted replica has the older value and
-    /// the older accepted token, and the write of a holder that stalled with a lower token is
-    /// accepted there, undoing the newer holder's work.
-    ///
-    /// A store made with `FencedRedis::from(&client)` takes the client's
-    /// [`Builder::min_replica_acks`](crate::Builder::min_replica_acks) instead: the writes a
-    /// lock guards wait for the replicas as its grants do.
-    ///
-    /// `replicas` from 1 (no more than the master has, or every write is `NotReplicated`);
-    /// `timeout` greater than zero and shorter than the response timeout, as the WAIT shares the
-    /// connection's reply budget.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use fencelock::{FencedRedis, LockClient};
-    ///
-    /// # fn main() -> Result<(), fencelock::Error> {
-    /// let url = "redis+sentinel://10.0.0.1,10.0.0.2,10.0.0.3/mymaster";
-    /// let locks = LockClient::builder(url)
-    ///     .min_replica_acks(1, Duration::from_millis(500))
-    ///     .build()?;
-    /// let store = FencedRedis::builder(url)
-    ///     .min_replica_acks(1, Duration::from_millis(500))
-    ///     .build()?;
-    ///
-    /// let guard = locks.lock("report")?;
-    /// match store.set("report", guard.token(), "totals for May") {
-    ///     Ok(()) => println!("written, and on a replica"),
-    ///     Err(e) if e.is_stale_token() => println!("taken over: {e}"),
-    ///     // On the master only: a failover may lose it. Unknown, like a timeout.
-    ///     Err(e) if e.is_not_replicated() => println!("unknown, write again: {e}"),
-    ///     Err(e) => return Err(e),
-    /// }
-    /// guard.unlock()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn min_replica_acks(mut self, replicas: u32, timeout: Duration) -> FencedBuilder {
-        self.replica_acks = Some(ReplicaAcks { replicas, timeout });
-        self
+    settings_setter! {
+        /// Makes every write wait until at least `replicas` replicas have it, for at most
+        /// `timeout`: on Sentinel or Cluster, a failover then cannot undo a write reported
+        /// accepted, nor let an older token in after it.
+        ///
+        /// Each write script goes out with a `WAIT replicas timeout` behind it, in one pipeline on
+        /// one connection, so the count is for this very write. A write acknowledged by fewer
+        /// replicas in time is reported as [`Error::NotReplicated`], not as accepted. It is not
+        /// undone: the master applied it, and whether it survives a failover depends on whether the
+        /// promoted replica received it. Treat it as a write whose outcome is unknown, like a
+        /// timeout: repeat it with the same token (safe for `set`, `delete` and `claim`; an
+        /// `incr_by` may count twice), or give the work up. A refused write
+        /// ([`Error::StaleToken`]) stays refused, though it may wait up to `timeout` for the WAIT
+        /// when replicas lag.
+        ///
+        /// Without it, a write is reported accepted once the master has it: if the master then
+        /// fails before a replica received the write, the promoted replica has the older value and
+        /// the older accepted token, and the write of a holder that stalled with a lower token is
+        /// accepted there, undoing the newer holder's work.
+        ///
+        /// A store made with `FencedRedis::from(&client)` takes the client's
+        /// [`Builder::min_replica_acks`](crate::Builder::min_replica_acks) instead: the writes a
+        /// lock guards wait for the replicas as its grants do.
+        fn FencedBuilder::min_replica_acks;
+        /// ```no_run
+        /// use std::time::Duration;
+        /// use fencelock::{FencedRedis, LockClient};
+        ///
+        /// # fn main() -> Result<(), fencelock::Error> {
+        /// let url = "redis+sentinel://10.0.0.1,10.0.0.2,10.0.0.3/mymaster";
+        /// let locks = LockClient::builder(url)
+        ///     .min_replica_acks(1, Duration::from_millis(500))
+        ///     .build()?;
+        /// let store = FencedRedis::builder(url)
+        ///     .min_replica_acks(1, Duration::from_millis(500))
+        ///     .build()?;
+        ///
+        /// let guard = locks.lock("report")?;
+        /// match store.set("report", guard.token(), "totals for May") {
+        ///     Ok(()) => println!("written, and on a replica"),
+        ///     Err(e) if e.is_stale_token() => println!("taken over: {e}"),
+        ///     // On the master only: a failover may lose it. Unknown, like a timeout.
+        ///     Err(e) if e.is_not_replicated() => println!("unknown, write again: {e}"),
+        ///     Err(e) => return Err(e),
+        /// }
+        /// guard.unlock()?;
+        /// # Ok(()) }
+        /// ```
     }
 
-    /// Trusts the certificate authorities in `pem` for a `rediss://` URL, instead of the default
-    /// roots; as [`Builder::tls_root_certificates`](crate::Builder::tls_root_certificates).
-    /// Requires the `tls` feature.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = fencelock::FencedRedis::builder("rediss://redis.internal:6380/")
-    ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
-    ///     .build()?;
-    /// # drop(store);
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> FencedBuilder {
-        self.tls.set_roots(pem.into());
-        self
+    settings_setter! {
+        fn FencedBuilder::tls_root_certificates;
+        /// ```no_run
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let store = fencelock::FencedRedis::builder("rediss://redis.internal:6380/")
+        ///     .tls_root_certificates(std::fs::read("/etc/redis/tls/ca.crt")?)
+        ///     .build()?;
+        /// # drop(store);
+        /// # Ok(()) }
+        /// ```
     }
 
-    /// Presents `certificate_chain` to a server that asks for a client certificate, proving it
-    /// with `private_key`; as
-    /// [`Builder::tls_client_certificate`](crate::Builder::tls_client_certificate). Requires the
-    /// `tls` feature.
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls_client_certificate(
-        mut self,
-        certificate_chain: impl Into<Vec<u8>>,
-        private_key: impl Into<Vec<u8>>,
-    ) -> FencedBuilder {
-        self.tls
-            .set_identity(certificate_chain.into(), private_key.into());
-        self
+    settings_setter! {
+        fn FencedBuilder::tls_client_certificate;
     }
 
     /// Validates every setting and makes the store. Connections are made lazily.
@@ -595,10 +545,11 @@ impl FencedBuilder {
     /// `rediss://`, or a [quorum](Topology::quorum) topology (a store is the one deployment that
     /// holds the data).
     pub fn build(self) -> Result<FencedRedis> {
+        let settings = self.settings;
         let connector = Arc::new(Connector::open(
             self.topology.resolve()?,
-            &self.tls,
-            self.connection_timeout,
+            &settings.tls,
+            settings.connection_timeout,
         )?);
         if connector.masters() > 0 {
             return Err(Error::invalid(
@@ -607,37 +558,26 @@ impl FencedBuilder {
                  Cluster), not a quorum of lock masters: open it there",
             ));
         }
-        validate_namespace(&self.namespace)?;
-        validate_connections(
-            self.pool_size,
-            self.connection_timeout,
-            self.response_timeout,
-        )?;
-        validate_replica_acks(self.replica_acks, self.response_timeout)?;
+        settings.validate()?;
         let router = Router::new(
             connector,
-            self.pool_size,
-            self.connection_timeout,
-            self.response_timeout,
+            settings.pool_size,
+            settings.connection_timeout,
+            settings.response_timeout,
         );
         Ok(FencedRedis::on_pool(
-            &self.namespace,
+            &settings.namespace,
             Arc::new(router),
-            self.replica_acks,
+            settings.replica_acks,
         ))
     }
 }
 
 impl fmt::Debug for FencedBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // No URL: it may carry a password.
+        // No URL: it may carry a password. The TLS settings show no keys.
         f.debug_struct("FencedBuilder")
-            .field("namespace", &self.namespace)
-            .field("pool_size", &self.pool_size)
-            .field("connection_timeout", &self.connection_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .field("replica_acks", &self.replica_acks)
-            .field("tls", &self.tls)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }

@@ -370,8 +370,8 @@ mod status;
 mod token;
 mod topology;
 
-pub use crate::client::LockClient;
-pub use crate::config::{Builder, MAX_IDLE_EXPIRY, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_IDLE_EXPIRY};
+pub use crate::client::{Builder, LockClient};
+pub use crate::config::{MAX_IDLE_EXPIRY, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_IDLE_EXPIRY};
 pub use crate::error::{Error, Result};
 pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;

@@ -20,13 +20,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::client::LockClient;
-use crate::config::Builder;
+use crate::client::{Builder, LockClient};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::grant::{self, Grant, NewGrant};
 use crate::key::LockKeys;
-use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::options::{Deadline, LockOptions};
 use crate::status::LockStatus;
@@ -84,19 +82,14 @@ impl Fake {
     /// A client configured by `builder` (its URL is parsed, never dialled) over a new fake, and
     /// the fake, for the test to steer and inspect.
     pub(crate) fn client(builder: Builder) -> (LockClient, Arc<Fake>) {
-        let (topology, config, tls) = builder.into_parts();
-        config.validate().expect("a valid configuration");
-        let connector = Connector::open(
-            topology.resolve().expect("a URL that parses"),
-            &tls,
-            config.connection_timeout,
-        )
-        .expect("a URL that parses");
+        let (connector, config) = builder
+            .open()
+            .expect("a URL that parses and a valid configuration");
         let fake = Arc::new(Fake {
             state: Mutex::new(State::default()),
             freed: Condvar::new(),
             router: Arc::new(Router::new(
-                Arc::new(connector),
+                connector,
                 1,
                 config.connection_timeout,
                 config.response_timeout,
