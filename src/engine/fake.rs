@@ -20,11 +20,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::client::{Builder, LockClient};
-use crate::engine::Engine;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::grant::{self, Grant, NewGrant};
 use crate::key::LockKeys;
+use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::options::{Deadline, LockOptions};
 use crate::status::LockStatus;
@@ -79,13 +79,10 @@ impl State {
 }
 
 impl Fake {
-    /// A client configured by `builder` (its URL is parsed, never dialled) over a new fake, and
-    /// the fake, for the test to steer and inspect.
-    pub(crate) fn client(builder: Builder) -> (LockClient, Arc<Fake>) {
-        let (connector, config) = builder
-            .open()
-            .expect("a URL that parses and a valid configuration");
-        let fake = Arc::new(Fake {
+    /// A fake engine for a client of `config`; `connector` (nothing dialled) serves only the
+    /// router a fenced store would use.
+    pub(crate) fn new(connector: Arc<Connector>, config: &Config) -> Arc<Fake> {
+        Arc::new(Fake {
             state: Mutex::new(State::default()),
             freed: Condvar::new(),
             router: Arc::new(Router::new(
@@ -94,9 +91,7 @@ impl Fake {
                 config.connection_timeout,
                 config.response_timeout,
             )),
-        });
-        let client = LockClient::over(config, Engine::Fake(Arc::clone(&fake)));
-        (client, fake)
+        })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
