@@ -498,7 +498,7 @@ impl Pool {
         let replies: Vec<Combined> = match sent {
             Err(e) => batch
                 .items()
-                .map(|_| Combined::NoConnection(e.same()))
+                .map(|_| Combined::NoConnection(same_failure(&e)))
                 .collect(),
             // The PING's reply, whatever it is, only served the order of Redis' writes.
             Ok((replies, epoch)) => replies
@@ -551,17 +551,16 @@ impl Pool {
     }
 }
 
-impl Error {
-    /// The same failure to get a connection, for each call of a batch that could not go out.
-    fn same(&self) -> Error {
-        match self {
-            Error::PoolExhausted { size, waited } => Error::PoolExhausted {
-                size: *size,
-                waited: *waited,
-            },
-            Error::Rejected(e) => Error::Rejected(e.to_string().into()),
-            other => Error::Connection(other.to_string().into()),
-        }
+/// The same failure to get a connection as `error`, for each call of a batch that could not go
+/// out.
+fn same_failure(error: &Error) -> Error {
+    match error {
+        Error::PoolExhausted { size, waited } => Error::PoolExhausted {
+            size: *size,
+            waited: *waited,
+        },
+        Error::Rejected(e) => Error::Rejected(e.to_string().into()),
+        other => Error::Connection(other.to_string().into()),
     }
 }
 
