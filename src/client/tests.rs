@@ -493,7 +493,7 @@ fn nesting_on_a_lost_reentrant_hold_is_lock_lost() {
 // --- metrics --------------------------------------------------------------------------------
 
 /// The facade's and the grants' metrics, recorded by a recorder of the test's own thread (the
-/// fake has no threads); what the engines count is tested in tests/metrics.rs.
+/// fake has no threads); what the engines count is tested in `tests/metrics/`.
 #[cfg(feature = "metrics")]
 mod metrics {
     use std::collections::HashMap;

@@ -12,7 +12,7 @@
 //! no longer ours marks the grant lost and reports [`Error::LockLost`]. A call that fails by
 //! request changes nothing in the map, as if Redis never saw it. What the real engines count
 //! themselves (grants, handoffs, renewals, failed releases) the fake does not count: those are
-//! checked against a real server (`tests/metrics.rs`). Nothing renews a grant, so a lock is held
+//! checked against a real server (`tests/metrics/`). Nothing renews a grant, so a lock is held
 //! for its lease, the client's 30 s unless a test asks for less; a wait does not hear its cancel
 //! signal.
 
