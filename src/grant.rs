@@ -1,7 +1,7 @@
 //! The state of one grant, shared by its guard and the renewal thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -177,6 +177,27 @@ impl Grant {
             place: CohortSlot::default(),
             waiters,
         }
+    }
+
+    /// A new grant, held: `renew` hands it to the engine's renewal thread. That thread outlives
+    /// every guard, so this fails only if it died: then nothing will renew the lease, and the
+    /// holder hears so now, not at the deadline.
+    pub(crate) fn held(
+        id: u64,
+        new: NewGrant,
+        waiters: Weak<dyn Waiting>,
+        renew: impl FnOnce(Arc<Grant>) -> bool,
+    ) -> Arc<Grant> {
+        log::debug!(
+            "fencelock: granted {:?} with token {}",
+            new.keys.user(),
+            new.token
+        );
+        let grant = Arc::new(Grant::new(id, new, waiters));
+        if !renew(Arc::clone(&grant)) {
+            grant.mark_lost("the renewal thread is gone");
+        }
+        grant
     }
 
     /// A channel that fires when the grant is lost, or at once if it already is.

@@ -22,7 +22,7 @@ mod renew;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use crossbeam_channel::{RecvTimeoutError, Sender};
@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::grant::{Grant, NewGrant};
+use crate::grant::{Grant, NewGrant, Waiting};
 use crate::key::{release_channel, LockKeys, Owners};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
@@ -133,22 +133,12 @@ impl OneMaster {
         }
     }
 
-    /// Makes the grant and hands it to the renewal thread.
+    /// Makes the grant and hands it to the renewal thread; its loss wakes our next waiter for
+    /// the key.
     fn hold(&self, new: NewGrant) -> Arc<Grant> {
         let id = self.next_grant.fetch_add(1, Ordering::Relaxed);
-        log::debug!(
-            "fencelock: granted {:?} with token {}",
-            new.keys.user(),
-            new.token
-        );
-        let waiters: Arc<dyn crate::grant::Waiting> = Arc::clone(&self.waiters) as _;
-        let grant = Arc::new(Grant::new(id, new, Arc::downgrade(&waiters)));
-        // The renewal thread outlives every guard, so this only fails if it died: then nothing
-        // will renew this lease, and the holder must hear so now, not at the deadline.
-        if !self.renewal.hold(Arc::clone(&grant)) {
-            grant.mark_lost("the renewal thread is gone");
-        }
-        grant
+        let waiters: Weak<dyn Waiting> = Arc::downgrade(&self.waiters) as _;
+        Grant::held(id, new, waiters, |grant| self.renewal.hold(grant))
     }
 
     /// See [`Engine::extend`](crate::engine::Engine::extend): the renewal thread sends it, on

@@ -126,16 +126,9 @@ impl Quorum {
     /// a second).
     fn hold(&self, new: NewGrant) -> Arc<Grant> {
         let id = self.next_grant.fetch_add(1, Ordering::Relaxed);
-        log::debug!(
-            "fencelock: granted {:?} with token {}",
-            new.keys.user(),
-            new.token
-        );
-        let grant = Arc::new(Grant::new(id, new, crate::grant::nobody()));
-        if !self.renewal.hold(Arc::clone(&grant)) {
-            grant.mark_lost("the renewal thread is gone");
-        }
-        grant
+        Grant::held(id, new, crate::grant::nobody(), |grant| {
+            self.renewal.hold(grant)
+        })
     }
 
     /// See [`Engine::extend`](crate::engine::Engine::extend).
