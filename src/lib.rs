@@ -345,6 +345,7 @@
 // The facade: what users call, and the guards it hands out.
 mod client;
 mod guard;
+mod multi;
 mod reentrant;
 // The client's shared core, and the seam behind which each deployment lives.
 mod engine;
@@ -376,6 +377,7 @@ pub use crate::error::{Error, Result};
 pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
+pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
 pub use crate::status::LockStatus;
