@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fencelock::crossbeam_channel::{self, RecvTimeoutError};
-use fencelock::{LockClient, LockOptions};
+use fencelock::crossbeam_channel::RecvTimeoutError;
+use fencelock::LockClient;
 
-use crate::support::{
-    fence_key, lock_client, lock_exists, ms, poll_until, queue_len, RedisServer, Rng,
-};
+use crate::support::sets::{run_random_sets, Rounds};
+use crate::support::{fence_key, lock_client, lock_exists, ms, poll_until, queue_len, RedisServer};
 
 /// The keys of `keys` that are locked in Redis now.
 fn locked(con: &mut redis::Connection, keys: &[&str]) -> Vec<String> {
@@ -93,92 +92,26 @@ fn each_key_has_its_own_token_and_tokens_rise_per_key() {
 }
 
 /// 8 threads in 4 clients take random sets of 2 to 4 of 6 keys, each named in a random order,
-/// for about 3 s. A deadlock stops every thread it catches for good (renewal keeps the leases
-/// alive), so the test gives the threads 30 s past the run to finish, then cancels their
-/// waits and fails. Each key's holder is also checked to be alone.
+/// for about 3 s (at most 2000 sets each). A deadlock stops every thread it catches for good, so
+/// the run gives the threads 30 s past its end, then cancels their waits and fails.
 #[test]
 fn overlapping_sets_in_random_orders_never_deadlock() {
-    const THREADS: u64 = 8;
     const KEYS: [&str; 6] = ["d:0", "d:1", "d:2", "d:3", "d:4", "d:5"];
-    const RUN: Duration = Duration::from_secs(3);
-    const MAX_ROUNDS: u64 = 2_000;
     let server = RedisServer::start();
     let clients: Vec<LockClient> = (0..4).map(|_| lock_client(&server, 2_000)).collect();
-    let held: Arc<Vec<AtomicBool>> =
-        Arc::new(KEYS.iter().map(|_| AtomicBool::new(false)).collect());
-    let rounds = Arc::new(AtomicU64::new(0));
-    let (cancel, cancelled) = crossbeam_channel::bounded::<()>(0);
-    let (done_tx, done) = crossbeam_channel::unbounded();
-    let until = Instant::now() + RUN;
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let client = clients[(t % 4) as usize].clone();
-            let (held, rounds, done) = (Arc::clone(&held), Arc::clone(&rounds), done_tx.clone());
-            let options = LockOptions::new().cancel(cancelled.clone());
-            thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
-                let mut mine = 0_u64;
-                while Instant::now() < until && mine < MAX_ROUNDS {
-                    let mut names: Vec<usize> = (0..KEYS.len()).collect();
-                    // A random order of a random subset: shuffle, keep 2 to 4.
-                    for i in (1..names.len()).rev() {
-                        names.swap(i, rng.below(i as u64 + 1) as usize);
-                    }
-                    names.truncate(2 + rng.below(3) as usize);
-                    let keys: Vec<&str> = names.iter().map(|&i| KEYS[i]).collect();
-                    let set = match client.lock_all_with(&keys, &options) {
-                        Ok(set) => set,
-                        Err(e) => {
-                            let _ = done.send(Err(format!("thread {t}: {e}")));
-                            return;
-                        }
-                    };
-                    for &i in &names {
-                        assert!(
-                            !held[i].swap(true, Ordering::SeqCst),
-                            "{} held twice",
-                            KEYS[i]
-                        );
-                    }
-                    thread::sleep(Duration::from_micros(200 * rng.below(5)));
-                    for &i in &names {
-                        held[i].store(false, Ordering::SeqCst);
-                    }
-                    set.unlock().unwrap();
-                    mine += 1;
-                    rounds.fetch_add(1, Ordering::Relaxed);
-                }
-                let _ = done.send(Ok(mine));
-            })
-        })
-        .collect();
-    drop(done_tx);
-
-    let mut finished = Vec::new();
-    let mut failed = Vec::new();
-    let limit = until + Duration::from_secs(30);
-    while finished.len() + failed.len() < THREADS as usize {
-        match done.recv_timeout(limit.saturating_duration_since(Instant::now())) {
-            Ok(Ok(n)) => finished.push(n),
-            Ok(Err(e)) => failed.push(e),
-            Err(_) => break,
-        }
-    }
-    let stuck = THREADS as usize - finished.len() - failed.len();
-    // Ends every wait still going: a deadlocked thread returns Cancelled and can be joined.
-    drop(cancel);
-    for thread in threads {
-        thread.join().unwrap();
-    }
-    let rounds = rounds.load(Ordering::Relaxed);
-    assert_eq!(
-        stuck, 0,
-        "{stuck} threads deadlocked ({rounds} sets taken before; finished: {finished:?})"
-    );
-    assert!(failed.is_empty(), "{failed:?}");
-    // Every thread got its sets, none was starved.
-    assert!(finished.iter().all(|&n| n > 0), "{finished:?}");
-    eprintln!("{rounds} sets taken: {finished:?}");
+    let Rounds(rounds) = run_random_sets(
+        &clients,
+        8,
+        &KEYS,
+        4,
+        Duration::from_secs(3),
+        2_000,
+        Duration::from_secs(30),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Every thread got its sets: none was starved.
+    assert!(rounds.iter().all(|&n| n > 0), "{rounds:?}");
+    eprintln!("sets taken by each thread: {rounds:?}");
     let mut con = server.connection();
     assert!(locked(&mut con, &KEYS).is_empty());
 }
