@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::key::{LockKeys, DEFAULT_IDLE_EXPIRY};
-use crate::metrics::{self, Since};
+use crate::metrics::{self, Op, Since};
 use crate::multi::{self, MultiGuard};
 use crate::net::connector::Connector;
 use crate::options::{Deadline, LockOptions};
@@ -435,7 +435,7 @@ impl LockClient {
         options: &LockOptions,
     ) -> Result<MultiGuard> {
         loop {
-            if let Some(guards) = multi::acquire(self, keys, Deadline::Never, options)? {
+            if let Some(guards) = self.acquire_all(keys, Deadline::Never, options)? {
                 return Ok(guards);
             }
         }
@@ -452,8 +452,8 @@ impl LockClient {
         options: &LockOptions,
     ) -> Result<Option<MultiGuard>> {
         match Instant::now().checked_add(timeout) {
-            _ if timeout.is_zero() => multi::acquire(self, keys, Deadline::Now, options),
-            Some(deadline) => multi::acquire(self, keys, Deadline::At(deadline), options),
+            _ if timeout.is_zero() => self.acquire_all(keys, Deadline::Now, options),
+            Some(deadline) => self.acquire_all(keys, Deadline::At(deadline), options),
             None => self.lock_all_with(keys, options).map(Some),
         }
     }
@@ -625,9 +625,37 @@ impl LockClient {
         result
     }
 
+    /// Every `lock_all` call: `multi.rs` takes the set, one key at a time, with this client's
+    /// checks and acquire. Each key's wait is recorded as a lock call's, so that wait samples
+    /// and grants still count the same; an error that no key's wait returned, once.
+    fn acquire_all<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard>> {
+        let namespace = &self.shared.config.namespace;
+        let mut counted = false;
+        let result = multi::acquire(
+            keys,
+            |key| self.prepare(key, options),
+            |keys| {
+                let called = Since::now();
+                let taken = self.take(keys, deadline, options);
+                metrics::acquired(namespace, called, &taken);
+                counted = taken.is_err();
+                taken
+            },
+        );
+        if let (Err(e), false) = (&result, counted) {
+            metrics::failed(namespace, Op::Lock, e);
+        }
+        result
+    }
+
     /// Waits for the engine's grant of `keys`, which [`prepare`](LockClient::prepare) checked,
     /// until `deadline`, and wraps it in a guard.
-    pub(crate) fn take(
+    fn take(
         &self,
         keys: LockKeys,
         deadline: Deadline,
@@ -641,7 +669,7 @@ impl LockClient {
     /// Checks everything that needs no network: the key, the options, and that this thread does
     /// not hold the key through a [`ReentrantGuard`]. A plain guard may have moved to another
     /// thread, so holding one is no reason to refuse (see [`LockClient::lock`]).
-    pub(crate) fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
+    fn prepare(&self, key: &str, options: &LockOptions) -> Result<LockKeys> {
         let keys = self.shared.keys(key)?;
         options.validate()?;
         if reentrant::held_here(self.identity(), keys.tag()) {

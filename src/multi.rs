@@ -16,13 +16,10 @@ use std::sync::OnceLock;
 
 use crossbeam_channel::Receiver;
 
-use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::grant::SharedLoss;
 use crate::guard::LockGuard;
 use crate::key::LockKeys;
-use crate::metrics::{self, Since};
-use crate::options::{Deadline, LockOptions};
 use crate::token::FencingToken;
 
 /// Locks held on several keys at once, taken all or none by
@@ -155,40 +152,23 @@ impl fmt::Debug for MultiGuard {
     }
 }
 
-/// Every `lock_all` call: checks every key before any network call, then takes them one by one
-/// in their canonical order, each until `deadline`. `None` at the deadline, and on any error the
-/// error: either way, what was taken is released first (by the partial guard's drop).
+/// Every `lock_all` call, given how the client checks one key (`prepare`: the key, the
+/// options, reentrancy) and takes it (`take`: the engine's acquire until the call's deadline):
+/// checks every key before any network call, then takes them one by one in their canonical
+/// order. `None` when a key could not be had by the deadline, and on any error the error:
+/// either way, what was taken is released first (by the partial set's drop).
 pub(crate) fn acquire<K: AsRef<str>>(
-    client: &LockClient,
     keys: &[K],
-    deadline: Deadline,
-    options: &LockOptions,
+    prepare: impl FnMut(&str) -> Result<LockKeys>,
+    mut take: impl FnMut(LockKeys) -> Result<Option<LockGuard>>,
 ) -> Result<Option<MultiGuard>> {
-    let called = Since::now();
-    let keys = match prepare(client, keys, options) {
-        Ok(keys) => keys,
-        Err(e) => {
-            let failed = Err(e);
-            metrics::acquired(client.namespace(), called, &failed);
-            return failed;
-        }
-    };
+    let keys = in_order(keys, prepare)?;
     let mut set = MultiGuard {
         guards: Vec::with_capacity(keys.len()),
         lost: OnceLock::new(),
     };
     for keys in keys {
-        let called = Since::now();
-        let taken = loop {
-            // `Never` waits until granted; an engine that gives up anyway is asked again, as
-            // `lock_with` does, with the keys taken so far still held.
-            match client.take(keys.clone(), deadline, options) {
-                Ok(None) if deadline == Deadline::Never => continue,
-                taken => break taken,
-            }
-        };
-        metrics::acquired(client.namespace(), called, &taken);
-        match taken? {
+        match take(keys)? {
             Some(guard) => set.guards.push(guard),
             None => return Ok(None),
         }
@@ -203,13 +183,12 @@ pub(crate) fn acquire<K: AsRef<str>>(
     Ok(Some(set))
 }
 
-/// Checks every key and the options as `lock` does, and puts the keys in the order they are
-/// taken in: sorted by tag, each once. The tag is an injective escaping of the key, so equal
-/// tags are equal keys and the order is the same in every client.
-fn prepare<K: AsRef<str>>(
-    client: &LockClient,
+/// Checks every key with `prepare`, and puts them in the order they are taken in: sorted by
+/// tag, each once. The tag is an injective escaping of the key, so equal tags are equal keys,
+/// and the order is the same in every client.
+fn in_order<K: AsRef<str>>(
     keys: &[K],
-    options: &LockOptions,
+    prepare: impl FnMut(&str) -> Result<LockKeys>,
 ) -> Result<Vec<LockKeys>> {
     if keys.is_empty() {
         return Err(Error::invalid(
@@ -219,7 +198,8 @@ fn prepare<K: AsRef<str>>(
     }
     let mut prepared = keys
         .iter()
-        .map(|key| client.prepare(key.as_ref(), options))
+        .map(AsRef::as_ref)
+        .map(prepare)
         .collect::<Result<Vec<_>>>()?;
     prepared.sort_unstable_by(|a, b| a.tag().cmp(b.tag()));
     prepared.dedup_by(|a, b| a.tag() == b.tag());
