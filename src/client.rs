@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
 use crate::key::{LockKeys, DEFAULT_IDLE_EXPIRY};
-use crate::metrics::{self, Since};
+use crate::metrics::{self, Op, Since};
+use crate::multi::{self, MultiGuard};
 use crate::net::connector::Connector;
 use crate::options::{Deadline, LockOptions};
 use crate::reentrant::{self, ReentrantGuard};
@@ -351,6 +352,112 @@ impl LockClient {
         }
     }
 
+    /// Takes the locks on every key of `keys`, all or none, waiting as long as it takes; one
+    /// [`MultiGuard`] holds them, each key with its own fencing token.
+    ///
+    /// Deadlock-free whatever order callers name the keys in: every set is taken one key at a
+    /// time in one order (sorted by the keys' escaped forms), so no two callers can each hold
+    /// a key the other waits for. Each key is waited for as [`lock`](LockClient::lock) waits,
+    /// in that key's queue, so callers of single keys who come later queue behind the set and
+    /// cannot starve it; the keys taken so far stay held, and renewed, meanwhile. The keys may
+    /// live on different nodes of a Redis Cluster.
+    ///
+    /// A key named twice is locked once: a set names each lock it wants, and asking for one
+    /// twice asks for nothing more (a transfer from an account to itself locks that account).
+    /// An empty list is refused: a guard of nothing would say it holds something.
+    ///
+    /// Callers that hold single keys' guards while they lock others are outside this order: a
+    /// thread that holds a plain guard of one of `keys` waits for itself, as with `lock`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use fencelock::{FencedRedis, LockClient};
+    ///
+    /// let client = LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let store = FencedRedis::from(&client);
+    /// let (from, to) = ("acct:7", "acct:1");
+    /// let accounts = client.lock_all(&[from, to])?;
+    /// store.incr_by(from, accounts.token(from).expect("locked"), -50)?;
+    /// store.incr_by(to, accounts.token(to).expect("locked"), 50)?;
+    /// accounts.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list or a key [`lock`](LockClient::lock) would
+    /// refuse, and [`Error::WouldDeadlock`] if this thread holds one of the keys through a
+    /// [`ReentrantGuard`], all before any network call. Otherwise as for
+    /// [`lock`](LockClient::lock), and [`Error::LockLost`] if a key taken earlier was lost while
+    /// a later one was waited for. After an error no key stays locked: the keys taken are
+    /// released before it is returned.
+    pub fn lock_all<K: AsRef<str>>(&self, keys: &[K]) -> Result<MultiGuard> {
+        self.lock_all_with(keys, &LockOptions::new())
+    }
+
+    /// Takes the locks on every key of `keys` if all can be had within `timeout`; `Ok(None)`
+    /// if not, with every key taken meanwhile released again before it returns. The timeout is
+    /// for the whole set: each key is waited for until the same deadline, in the order
+    /// [`lock_all`](LockClient::lock_all) takes them. `Duration::ZERO` makes one attempt per
+    /// key.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let keys = vec![String::from("seat:12A"), String::from("seat:12B")];
+    /// match client.try_lock_all(&keys, Duration::from_secs(2))? {
+    ///     Some(seats) => seats.unlock()?,
+    ///     None => println!("one of the seats is taken; neither is held"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`lock_all`](LockClient::lock_all) and [`try_lock`](LockClient::try_lock).
+    pub fn try_lock_all<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+    ) -> Result<Option<MultiGuard>> {
+        self.try_lock_all_with(keys, timeout, &LockOptions::new())
+    }
+
+    /// [`lock_all`](LockClient::lock_all) with per-call [`LockOptions`], which apply to every
+    /// key: the lease, renewal, the maximum hold time, and a cancel channel that ends the wait
+    /// for the whole set (releasing the keys taken).
+    ///
+    /// # Errors
+    /// As for [`lock_all`](LockClient::lock_all) and [`lock_with`](LockClient::lock_with).
+    pub fn lock_all_with<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        options: &LockOptions,
+    ) -> Result<MultiGuard> {
+        loop {
+            if let Some(guards) = self.acquire_all(keys, Deadline::Never, options)? {
+                return Ok(guards);
+            }
+        }
+    }
+
+    /// [`try_lock_all`](LockClient::try_lock_all) with per-call [`LockOptions`].
+    ///
+    /// # Errors
+    /// As for [`lock_all_with`](LockClient::lock_all_with).
+    pub fn try_lock_all_with<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard>> {
+        match Instant::now().checked_add(timeout) {
+            _ if timeout.is_zero() => self.acquire_all(keys, Deadline::Now, options),
+            Some(deadline) => self.acquire_all(keys, Deadline::At(deadline), options),
+            None => self.lock_all_with(keys, options).map(Some),
+        }
+    }
+
     /// How the lock on `key` stands in Redis now: held or free, the holder's fencing token,
     /// its remaining lease, and how many clients wait. Reads only: the lock is not taken, and
     /// nothing in Redis changes.
@@ -511,13 +618,52 @@ impl LockClient {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
         let called = Since::now();
-        let result = self.prepare(key, options).and_then(|keys| {
-            let lease = options.lease.unwrap_or(self.shared.config.lease);
-            let grant = self.shared.engine.acquire(keys, lease, deadline, options)?;
-            Ok(grant.map(|grant| LockGuard::new(Arc::clone(&self.shared), grant)))
-        });
+        let result = self
+            .prepare(key, options)
+            .and_then(|keys| self.take(keys, deadline, options));
         metrics::acquired(&self.shared.config.namespace, called, &result);
         result
+    }
+
+    /// Every `lock_all` call: `multi.rs` takes the set, one key at a time, with this client's
+    /// checks and acquire. Each key's wait is recorded as a lock call's, so that wait samples
+    /// and grants still count the same; an error that no key's wait returned, once.
+    fn acquire_all<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard>> {
+        let namespace = &self.shared.config.namespace;
+        let mut counted = false;
+        let result = multi::acquire(
+            keys,
+            |key| self.prepare(key, options),
+            |keys| {
+                let called = Since::now();
+                let taken = self.take(keys, deadline, options);
+                metrics::acquired(namespace, called, &taken);
+                counted = taken.is_err();
+                taken
+            },
+        );
+        if let (Err(e), false) = (&result, counted) {
+            metrics::failed(namespace, Op::Lock, e);
+        }
+        result
+    }
+
+    /// Waits for the engine's grant of `keys`, which [`prepare`](LockClient::prepare) checked,
+    /// until `deadline`, and wraps it in a guard.
+    fn take(
+        &self,
+        keys: LockKeys,
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let lease = options.lease.unwrap_or(self.shared.config.lease);
+        let grant = self.shared.engine.acquire(keys, lease, deadline, options)?;
+        Ok(grant.map(|grant| LockGuard::new(Arc::clone(&self.shared), grant)))
     }
 
     /// Checks everything that needs no network: the key, the options, and that this thread does

@@ -39,6 +39,9 @@ pub(crate) struct Grant {
     /// (most never do, and a channel is most of a grant's memory). Sent to once and dropped
     /// when the grant is lost.
     lost_tx: Mutex<Option<Sender<()>>>,
+    /// A loss signal this grant shares with the other grants of a set (`MultiGuard::lost`), set
+    /// when the holder of the set first asks for it; fired on loss as `lost_tx` is.
+    shared_lost: Mutex<Option<SharedLoss>>,
     /// Where the renewal thread files the grant; only that thread uses it.
     pub(crate) place: CohortSlot,
     /// The client's waiters: a thread of ours queued for this key waits for our release, which
@@ -59,6 +62,28 @@ pub(crate) fn nobody() -> Weak<dyn Waiting> {
         fn wake_head(&self, _: &str) {}
     }
     Weak::<Nobody>::new()
+}
+
+/// One loss signal for several grants: the first of them to be lost sends on it and drops the
+/// sender, so the receiver hears one `()` and then disconnects, however many are lost. Each grant
+/// fires it as it fires its own signal, so a set of grants needs no thread of its own to watch
+/// them.
+#[derive(Clone)]
+pub(crate) struct SharedLoss(Arc<Mutex<Option<Sender<()>>>>);
+
+impl SharedLoss {
+    /// A signal no grant fires yet, and its receiving end.
+    pub(crate) fn new() -> (SharedLoss, Receiver<()>) {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        (SharedLoss(Arc::new(Mutex::new(Some(tx)))), rx)
+    }
+
+    fn fire(&self) {
+        let tx = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(tx) = tx {
+            let _ = tx.try_send(());
+        }
+    }
 }
 
 /// The renewal thread's cohort of a grant and its index there. Atomics only so that `Grant` stays
@@ -174,6 +199,7 @@ impl Grant {
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_tx: Mutex::new(None),
+            shared_lost: Mutex::new(None),
             place: CohortSlot::default(),
             waiters,
         }
@@ -212,6 +238,20 @@ impl Grant {
             *slot = Some(tx);
         }
         rx
+    }
+
+    /// Makes a loss of this grant fire `signal` too, at once if it is lost already.
+    pub(crate) fn watch_shared(&self, signal: &SharedLoss) {
+        let mut slot = self
+            .shared_lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // As in `watch`: a loss either shows here or finds the signal in the slot.
+        if self.lost.load(Ordering::Acquire) {
+            signal.fire();
+        } else {
+            *slot = Some(signal.clone());
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, Lease> {
@@ -301,6 +341,14 @@ impl Grant {
             .take()
         {
             let _ = tx.try_send(());
+        }
+        if let Some(signal) = self
+            .shared_lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            signal.fire();
         }
         if let Some(waiters) = self.waiters.upgrade() {
             waiters.wake_head(self.keys.tag());

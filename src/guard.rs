@@ -9,7 +9,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use crate::error::Result;
-use crate::grant::Grant;
+use crate::grant::{Grant, SharedLoss};
 use crate::metrics::{self, Op};
 use crate::options::validate_lease;
 use crate::shared::Shared;
@@ -103,6 +103,12 @@ impl LockGuard {
     /// ```
     pub fn lost(&self) -> &Receiver<()> {
         self.lost.get_or_init(|| self.grant.watch())
+    }
+
+    /// Makes the loss of this grant fire `signal` too (a [`MultiGuard`](crate::MultiGuard)'s,
+    /// shared by the grants of its keys); at once if it is lost already.
+    pub(crate) fn share_loss(&self, signal: &SharedLoss) {
+        self.grant.watch_shared(signal);
     }
 
     /// Makes the lease run at least `lease` from now, if the lock is still ours; renewal (if on)

@@ -178,6 +178,29 @@
 //! on one thread, sharing one grant and token; a plain [`LockClient::lock`] of a key the thread
 //! holds that way returns [`Error::WouldDeadlock`].
 //!
+//! # Several keys at once
+//!
+//! [`LockClient::lock_all`] takes every key of a set or none, and [`LockClient::try_lock_all`]
+//! gives up after a timeout, releasing what it took. Sets are taken in one order whatever order
+//! they are named in, so overlapping sets never deadlock, and each key is waited for in its own
+//! queue, so callers of single keys do not starve a set. The [`MultiGuard`] keeps each key's own
+//! fencing token, and losing any key loses the set.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! use fencelock::{FencedRedis, LockClient};
+//!
+//! let client = LockClient::new("redis://127.0.0.1:6379/")?;
+//! let store = FencedRedis::from(&client);
+//! let accounts = client.lock_all(&["acct:7", "acct:1"])?;
+//! for (account, delta) in [("acct:7", -50), ("acct:1", 50)] {
+//!     let token = accounts.token(account).expect("one of the set");
+//!     store.incr_by(account, token, delta)?;
+//! }
+//! accounts.unlock()
+//! # }
+//! ```
+//!
 //! # Looking at a lock, and breaking it
 //!
 //! [`LockClient::status`] reads how a lock stands without taking it: held or free, the
@@ -345,6 +368,7 @@
 // The facade: what users call, and the guards it hands out.
 mod client;
 mod guard;
+mod multi;
 mod reentrant;
 // The client's shared core, and the seam behind which each deployment lives.
 mod engine;
@@ -376,6 +400,7 @@ pub use crate::error::{Error, Result};
 pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;
 pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
+pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
 pub use crate::status::LockStatus;

@@ -28,6 +28,8 @@
 //!   two round trips goes: the same two calls as no-op scripts carrying the lock's keys and
 //!   arguments, and as the library's scripts sent directly, with Redis' own timing of each script
 //!   and of the commands it calls (SLOWLOG);
+//! - `multi`: `lock_all` of 1, 2, 4 and 8 keys + `unlock`, uncontended, against that many `lock`
+//!   calls one after another and as many unlocks (U iterations, at most 1000, for each size);
 //! - `handoff`: a holder releases while one waiter is blocked in `lock()`: release-to-grant
 //!   latency, fencelock (waiter on another client, and on the same client), the same handoff on
 //!   plain connections (release script with PUBLISH, waiter on its own SUBSCRIBE connection,
@@ -99,7 +101,7 @@
 //! - `server`: the throwaway redis-server and what is read from it (`INFO`);
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
-//! - one module a benchmark: `rtt`, `uncontended`, `handoff`, `contention`, `pool`, `renewal`,
+//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `contention`, `pool`, `renewal`,
 //!   `idle`, `pg`, `sentinel`, `cluster`, `quorum`, `tls`, and `baseline` (the hand-written lock
 //!   they compare with).
 
@@ -109,6 +111,7 @@ mod contention;
 mod handoff;
 mod idle;
 mod measure;
+mod multi;
 mod params;
 mod pg;
 mod pool;
@@ -193,6 +196,9 @@ fn main() {
     let mut r = rtt::run_first(&server, &p, &load.join(" "));
     if p.selected("uncontended") {
         uncontended::run(&server, &p, &mut r);
+    }
+    if p.selected("multi") {
+        multi::run(&server, &p, &mut r);
     }
     if p.selected("handoff") {
         handoff::run(&server, &p, &mut r);

@@ -1,6 +1,6 @@
-//! The lock API on one server: options, validation, tokens, the call variants, reentrancy,
-//! guards that move between threads, status, force_unlock, idle keys, misconfiguration, and
-//! mutual exclusion under many threads.
+//! The lock API on one server: options, validation, tokens, the call variants, sets of keys
+//! (`lock_all`), reentrancy, guards that move between threads, status, force_unlock, idle keys,
+//! misconfiguration, and mutual exclusion under many threads.
 //!
 //! `validation` also builds and passes without any feature (CI runs it so: what a build without
 //! `tls` does with a `rediss://` URL).
@@ -14,6 +14,7 @@ mod support;
 
 mod force_unlock;
 mod idle_keys;
+mod lock_all;
 mod misconfigured;
 mod moved_guards;
 mod mutual_exclusion;

@@ -1,4 +1,5 @@
-//! Quorum mode on five real redis-servers: locks without faults, and the engine's edges.
+//! Quorum mode on five real redis-servers: locks and sets of keys (`lock_all`) without faults,
+//! and the engine's edges.
 //!
 //! Tests share this process. `quorum_faults`, whose tests each load the machine and must run
 //! alone, has a binary of its own.
@@ -7,4 +8,5 @@
 mod support;
 
 mod edges;
+mod lock_all;
 mod locks;

@@ -16,6 +16,7 @@ pub mod history;
 pub mod proxy;
 pub mod quorum;
 pub mod sentinel;
+pub mod sets;
 pub mod soak;
 #[cfg(feature = "tls")]
 pub mod tls;
