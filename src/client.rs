@@ -398,7 +398,8 @@ impl LockClient {
     /// if not, with every key taken meanwhile released again before it returns. The timeout is
     /// for the whole set: each key is waited for until the same deadline, in the order
     /// [`lock_all`](LockClient::lock_all) takes them. `Duration::ZERO` makes one attempt per
-    /// key.
+    /// key. The keys taken before the deadline are released as dropped guards release theirs,
+    /// so the call can return up to a round trip per key taken after the deadline.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
