@@ -601,13 +601,20 @@ impl LockClient {
         self.shared.identity()
     }
 
-    /// A client of `config` over `engine`, which the caller started: unit tests hand it a fake
-    /// (`engine/fake.rs`).
+    /// A client in `namespace` over a fake engine (`engine/fake.rs`), and the fake, for a unit
+    /// test to steer and inspect. The URL is parsed, never dialled.
     #[cfg(test)]
-    pub(crate) fn over(config: crate::config::Config, engine: crate::engine::Engine) -> LockClient {
-        LockClient {
+    pub(crate) fn over_fake(namespace: &str) -> (LockClient, Arc<crate::engine::fake::Fake>) {
+        let (connector, config) = LockClient::builder("redis://127.0.0.1:1/")
+            .namespace(namespace)
+            .open()
+            .expect("a URL that parses and a valid configuration");
+        let fake = crate::engine::fake::Fake::new(connector, &config);
+        let engine = crate::engine::Engine::Fake(Arc::clone(&fake));
+        let client = LockClient {
             shared: Arc::new(Shared { config, engine }),
-        }
+        };
+        (client, fake)
     }
 
     /// Every lock call: checks what needs no network, then waits for the engine's grant until

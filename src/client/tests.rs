@@ -10,7 +10,6 @@ use std::thread;
 use std::time::Duration;
 
 use crate::engine::fake::{Fake, Kind};
-use crate::engine::Engine;
 use crate::{Error, LockClient, LockGuard, LockOptions};
 
 use Kind::{Acquire, Extend, Force, Release, ReleaseDetached, Status};
@@ -19,16 +18,8 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A client over a fake engine, in `namespace`, and the fake, for the test to steer and inspect.
 fn fake_in(namespace: &str) -> (LockClient, Arc<Fake>) {
-    // Parsed, never dialled.
-    let (connector, config) = LockClient::builder("redis://127.0.0.1:1/")
-        .namespace(namespace)
-        .open()
-        .expect("a URL that parses and a valid configuration");
-    let fake = Fake::new(connector, &config);
-    let client = LockClient::over(config, Engine::Fake(Arc::clone(&fake)));
-    (client, fake)
+    LockClient::over_fake(namespace)
 }
 
 fn fake() -> (LockClient, Arc<Fake>) {

@@ -10,7 +10,6 @@ use std::time::Duration;
 use crossbeam_channel::{RecvTimeoutError, TryRecvError};
 
 use crate::engine::fake::{Fake, Kind};
-use crate::engine::Engine;
 use crate::{Error, LockClient, MultiGuard};
 
 use Kind::{Acquire, Release, ReleaseDetached};
@@ -20,13 +19,7 @@ fn ms(n: u64) -> Duration {
 }
 
 fn fake() -> (LockClient, Arc<Fake>) {
-    // Parsed, never dialled.
-    let (connector, config) = LockClient::builder("redis://127.0.0.1:1/")
-        .open()
-        .expect("a URL that parses and a valid configuration");
-    let fake = Fake::new(connector, &config);
-    let client = LockClient::over(config, Engine::Fake(Arc::clone(&fake)));
-    (client, fake)
+    LockClient::over_fake("fencelock")
 }
 
 fn refused() -> Error {
