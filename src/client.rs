@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{settings_setter, Config, Settings, DEFAULT_LEASE};
+use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::fenced::FencedRedis;
 use crate::guard::LockGuard;
@@ -183,10 +184,9 @@ impl LockClient {
         timeout: Duration,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        match Instant::now().checked_add(timeout) {
-            _ if timeout.is_zero() => self.acquire(key, Deadline::Now, options),
-            Some(deadline) => self.acquire(key, Deadline::At(deadline), options),
-            None => self.lock_with(key, options).map(Some),
+        match Deadline::within(timeout) {
+            Deadline::Never => self.lock_with(key, options).map(Some),
+            deadline => self.acquire(key, deadline, options),
         }
     }
 
@@ -593,6 +593,54 @@ impl LockClient {
                 .try_lock(key, timeout)?
                 .map(|guard| reentrant::record(id, guard))),
         }
+    }
+
+    /// Election `name` among every process that opens it with this namespace: campaign to lead
+    /// it, see who leads, observe each change. See [`Election`].
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let election = client.election("scheduler")?;
+    /// let leadership = election.campaign("node-a")?;
+    /// println!("leading with epoch {}", leadership.epoch());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name a key could not be (empty, or longer than
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN)). Nothing is sent to Redis.
+    pub fn election(&self, name: &str) -> Result<Election> {
+        let mut keys = LockKeys::election(&self.shared.config.namespace, name)?;
+        keys.set_idle_expiry(self.shared.config.idle_expiry);
+        Ok(Election::new(self.clone(), keys))
+    }
+
+    /// An election's campaign: its lock's keys, checked, taken as a lock call takes a key.
+    pub(crate) fn campaign(
+        &self,
+        keys: LockKeys,
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let called = Since::now();
+        let result = options
+            .validate()
+            .and_then(|()| {
+                if options.is_cancelled() {
+                    Err(Error::Cancelled)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| self.take(keys, deadline, options));
+        metrics::acquired(&self.shared.config.namespace, called, &result);
+        result
+    }
+
+    /// The engine under this client, for the types built over it (elections).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Tells clients apart (clones are one client): the address of the shared state, which

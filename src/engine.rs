@@ -15,13 +15,19 @@
 //! [`Grant`] (one grant's lease state), the local key queue (`queue.rs`), the scripts, the keys,
 //! and how bytes reach Redis (`net/`, with the pub/sub loop in `net/subscriber.rs`).
 //!
+//! An election's lock is a lock; what it adds has its own file in each engine's folder
+//! (`election.rs`): the leader's record (proclaim, resign, who leads) and a watch on its
+//! channel.
+//!
 //! An engine returns grants, never guards: the guard is the facade's (`guard.rs`), written once
 //! over any engine. So a third engine, built only for unit tests (`engine/fake.rs`: no Redis, an
 //! in-memory map, failures on demand), tests the guards, `with_lock` and reentrancy
 //! (`client/tests.rs`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use crossbeam_channel::Sender;
 
 use crate::config::Config;
 use crate::error::Result;
@@ -29,9 +35,11 @@ use crate::grant::Grant;
 use crate::key::LockKeys;
 use crate::net::connector::Connector;
 use crate::net::router::Router;
+use crate::net::watch::Heard;
 use crate::one_master::OneMaster;
 use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
+use crate::scripts::{Leading, Proclamation};
 use crate::status::LockStatus;
 
 #[cfg(test)]
@@ -121,6 +129,73 @@ impl Engine {
             Engine::Quorum(q) => q.status(keys),
             #[cfg(test)]
             Engine::Fake(f) => f.status(keys),
+        }
+    }
+
+    /// Records and publishes a leadership's proclamation if its lock is still held: `false`
+    /// when it is not.
+    pub(crate) fn proclaim(
+        &self,
+        keys: &LockKeys,
+        record: &str,
+        p: &Proclamation<'_>,
+    ) -> Result<bool> {
+        match self {
+            Engine::OneMaster(m) => m.proclaim(keys, record, p),
+            Engine::Quorum(q) => q.proclaim(keys, record, p),
+            #[cfg(test)]
+            Engine::Fake(_) => Err(crate::engine::fake::no_elections()),
+        }
+    }
+
+    /// Withdraws `owner`'s record, if it is the one recorded, and tells observers.
+    pub(crate) fn resign(&self, keys: &LockKeys, record: &str, owner: &str) -> Result<()> {
+        match self {
+            Engine::OneMaster(m) => m.resign(keys, record, owner),
+            Engine::Quorum(q) => q.resign(keys, record, owner),
+            #[cfg(test)]
+            Engine::Fake(_) => Err(crate::engine::fake::no_elections()),
+        }
+    }
+
+    /// Who leads the election whose lock is `keys`: `None` when nobody has proclaimed since the
+    /// lock was last granted.
+    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Option<Leading>> {
+        match self {
+            Engine::OneMaster(m) => m.leader(keys, record),
+            Engine::Quorum(q) => q.leader(keys, record),
+            #[cfg(test)]
+            Engine::Fake(_) => Err(crate::engine::fake::no_elections()),
+        }
+    }
+
+    /// Starts watching `channel` until `alive` is gone, passing what is heard to `inbox`.
+    /// Whether a message's content can be taken as it says (one master published it in the
+    /// script that made it true), or only as a reason to read again (a quorum's master speaks
+    /// for itself).
+    pub(crate) fn watch(
+        &self,
+        channel: &str,
+        inbox: Sender<Heard>,
+        alive: Weak<()>,
+    ) -> Result<bool> {
+        let started = match self {
+            Engine::OneMaster(m) => m.watch(channel, inbox, alive),
+            Engine::Quorum(q) => q.watch(channel, inbox, alive),
+            #[cfg(test)]
+            Engine::Fake(_) => return Err(crate::engine::fake::no_elections()),
+        };
+        started.map_err(|e| crate::error::Error::Connection(Box::new(e)))
+    }
+
+    /// Whether the server of `keys` last failed to answer: a drop then does not wait for it.
+    /// A quorum's calls wait at most a response timeout, and are always sent.
+    pub(crate) fn unreachable(&self, keys: &LockKeys) -> bool {
+        match self {
+            Engine::OneMaster(m) => m.router().unreachable(keys.lock()),
+            Engine::Quorum(_) => false,
+            #[cfg(test)]
+            Engine::Fake(_) => false,
         }
     }
 

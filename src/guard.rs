@@ -146,8 +146,21 @@ impl LockGuard {
     /// out, or another owner holds it now); nothing is deleted then. Connection errors and
     /// timeouts as for any command; the lock then expires with its lease, as renewal has stopped.
     pub fn unlock(mut self) -> Result<()> {
-        self.released = true;
+        self.release_now()
+    }
+
+    /// [`unlock`](LockGuard::unlock) for a type that owns the guard and ends with it (a
+    /// leadership's resignation): the drop then does nothing.
+    pub(crate) fn release_now(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.released, true) {
+            return Ok(());
+        }
         self.shared.engine.release(&self.grant)
+    }
+
+    /// The grant held: its keys and owner id.
+    pub(crate) fn grant(&self) -> &Arc<Grant> {
+        &self.grant
     }
 }
 

@@ -12,6 +12,10 @@ pub const MAX_KEY_LEN: usize = 512;
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
 
+/// What the tag of an election starts with. The escaping of user keys never writes a `%` but
+/// before `25`, `7B` or `7D`, so no lock's tag starts like this.
+pub(crate) const ELECTION_TAG: &str = "%election:";
+
 /// The idle expiry of a client whose builder did not set one: how long a fence counter outlives
 /// its last grant (see [`LockKeys::idle_ms`]).
 pub(crate) const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -44,8 +48,19 @@ pub(crate) struct LockKeys {
 
 impl LockKeys {
     pub(crate) fn new(namespace: &str, key: &str) -> Result<LockKeys> {
+        LockKeys::of_kind(namespace, "", key)
+    }
+
+    /// The names of election `name`: its lock, fence counter and queue are a lock's, under a
+    /// tag of their own ([`ELECTION_TAG`] before the escaped name), so that no lock key, however
+    /// spelled, names the same Redis keys.
+    pub(crate) fn election(namespace: &str, name: &str) -> Result<LockKeys> {
+        LockKeys::of_kind(namespace, ELECTION_TAG, name)
+    }
+
+    fn of_kind(namespace: &str, kind: &str, key: &str) -> Result<LockKeys> {
         validate_key(key)?;
-        let tag = escape(key);
+        let tag = kind.to_owned() + &escape(key);
         // Room for the owner id too: "<32 hex digits>:<counter>".
         let mut names =
             String::with_capacity(key.len() + 5 * tag.len() + 4 * namespace.len() + 40 + 56);
@@ -111,8 +126,6 @@ impl LockKeys {
     }
 
     /// The client's namespace, as the Redis keys start with it.
-    // Only the metrics read it.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn namespace(&self) -> &str {
         let lock = self.lock();
         // The lock key is `<namespace>:lock:{<tag>}`; the namespace may hold `:` itself.
@@ -178,6 +191,12 @@ impl Owners {
 /// so that a handoff wakes only the process it is for.
 pub(crate) fn release_channel(namespace: &str, client_id: &str) -> String {
     format!("{namespace}:released:{client_id}")
+}
+
+/// `<namespace>:leader:{<tag>}` of an election's keys: both the Redis key that records the
+/// leader's last proclamation and the pub/sub channel on which observers hear of each change.
+pub(crate) fn leader_record(keys: &LockKeys) -> String {
+    format!("{}:leader:{{{}}}", keys.namespace(), keys.tag())
 }
 
 fn escape(key: &str) -> String {
@@ -297,6 +316,18 @@ mod tests {
                 "ns:waiters:{a%7Bb%7D%25}",
             ]
         );
+    }
+
+    #[test]
+    fn an_election_never_names_a_locks_keys() {
+        let e = LockKeys::election("ns", "a{b").unwrap();
+        assert_eq!(e.user(), "a{b");
+        assert_eq!(e.tag(), "%election:a%7Bb");
+        assert_eq!(e.lock(), "ns:lock:{%election:a%7Bb}");
+        for key in ["%election:a{b", "%election:a%7Bb", "a{b"] {
+            assert_ne!(LockKeys::new("ns", key).unwrap().tag(), e.tag(), "{key:?}");
+        }
+        assert!(LockKeys::election("ns", "").is_err());
     }
 
     #[test]

@@ -367,6 +367,7 @@
 
 // The facade: what users call, and the guards it hands out.
 mod client;
+mod election;
 mod guard;
 mod multi;
 mod reentrant;
@@ -396,6 +397,7 @@ mod topology;
 
 pub use crate::client::{Builder, LockClient};
 pub use crate::config::{MAX_IDLE_EXPIRY, MAX_POOL_SIZE, MAX_TIMEOUT, MIN_IDLE_EXPIRY};
+pub use crate::election::{Election, Leader, Leadership, Observer, MAX_LEADER_VALUE_LEN};
 pub use crate::error::{Error, Result};
 pub use crate::fenced::{FencedBuilder, FencedRedis};
 pub use crate::guard::LockGuard;

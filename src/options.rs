@@ -107,6 +107,18 @@ pub(crate) enum Deadline {
     Never,
 }
 
+impl Deadline {
+    /// The deadline of a call that may wait `timeout`: one attempt for zero, none at all for a
+    /// timeout too long to add to the clock.
+    pub(crate) fn within(timeout: Duration) -> Deadline {
+        match Instant::now().checked_add(timeout) {
+            _ if timeout.is_zero() => Deadline::Now,
+            Some(at) => Deadline::At(at),
+            None => Deadline::Never,
+        }
+    }
+}
+
 /// Checks a lease: whole milliseconds from [`MIN_LEASE`] to [`MAX_LEASE`].
 pub(crate) fn validate_lease(lease: Duration) -> Result<()> {
     if lease < MIN_LEASE || lease > MAX_LEASE {

@@ -277,3 +277,8 @@ impl Fake {
         Arc::clone(&self.router)
     }
 }
+
+/// The fake engine keeps no election records: elections are tested against real servers.
+pub(crate) fn no_elections() -> crate::error::Error {
+    crate::error::Error::invalid("election", "the fake engine has no elections")
+}

@@ -13,6 +13,7 @@
 //! | `router.rs` | which pool a key's call goes to, and following a cluster's redirects |
 //! | `pool.rs` | the connection pool of one node; `pool/combine.rs` batches unlocks |
 //! | `subscriber.rs` | one pub/sub subscription held by a thread: heartbeat, reconnection, linger |
+//! | `watch.rs` | a thread that watches one channel for an owner (an election's observer) |
 //! | `wire.rs` | RESP encoding of our commands and reading their replies |
 //! | `tls.rs` | TLS settings for `rediss://` URLs, and telling a failed handshake from an outage |
 
@@ -23,4 +24,5 @@ pub(crate) mod subscriber;
 pub(crate) mod target;
 pub(crate) mod tls;
 pub(crate) mod url;
+pub(crate) mod watch;
 pub(crate) mod wire;

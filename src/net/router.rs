@@ -126,6 +126,11 @@ impl Router {
         Some(pause)
     }
 
+    /// Where this router's connections come from.
+    pub(crate) fn connector(&self) -> &Arc<Connector> {
+        &self.connector
+    }
+
     /// Whether the pool that serves `key` last failed to reach its server (see
     /// [`Pool::unreachable`]).
     pub(crate) fn unreachable(&self, key: &str) -> bool {

@@ -8,6 +8,7 @@
 //! | `listener.rs` (+ `listener/sharded.rs` on a Cluster) | hears other clients' handoffs to our waiters |
 //! | `release.rs` | release, handoff to the next waiter, the background thread for releases no caller waits for |
 //! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |
+//! | `election.rs` | what an election adds to its lock: the leader's record, and the channel observers watch |
 //!
 //! A quorum client has none of these; see `quorum/`.
 //!
@@ -16,6 +17,7 @@
 //! waiter's state is read or set (`wait.rs`).
 
 mod acquire;
+mod election;
 mod listener;
 mod release;
 mod renew;

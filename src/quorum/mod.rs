@@ -32,9 +32,11 @@
 //! | `renew.rs` | the renewal thread, and explicit extends |
 //! | `release.rs` | release, and what a failed attempt leaves behind; force_unlock |
 //! | `status.rs` | how the lock stands on a majority |
+//! | `election.rs` | what an election adds to its lock: the leader's record on a majority, and a watch on every master |
 //! | `masters.rs` | one worker thread per master, that sends calls and brings their replies |
 
 mod acquire;
+mod election;
 mod masters;
 mod release;
 mod renew;

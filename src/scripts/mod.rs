@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `acquire.lua`, `extend.lua`, `release.lua`, `status.lua` | the one-master engine |
 //! | `acquire.lua`, `confirm.lua`, `extend.lua`, `quorum_release.lua`, `quorum_force.lua`, `quorum_status.lua` | the quorum engine, on each master |
+//! | `election_proclaim.lua`, `election_resign.lua`, `election_leader.lua` | elections, over either engine (on each master of a quorum) |
 //! | `fenced_*.lua` | [`FencedRedis`](crate::FencedRedis), after `fenced_prelude.lua` |
 //!
 //! `grant.lua` holds what acquire, confirm and release share (minting a token, the queue of
@@ -52,6 +53,16 @@ pub(crate) static QUORUM_FORCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("quorum_force.lua")));
 pub(crate) static QUORUM_STATUS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("quorum_status.lua")));
+
+/// A leader's proclamation: compare the lock's owner, record, publish.
+pub(crate) static PROCLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("election_proclaim.lua")));
+/// A leader's withdrawal of its record, before its release.
+pub(crate) static RESIGN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("election_resign.lua")));
+/// Who leads, read atomically.
+pub(crate) static LEADER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("election_leader.lua")));
 
 pub(crate) static STATUS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("status.lua")));
@@ -511,4 +522,115 @@ pub(crate) fn extended(reply: Value) -> RedisResult<bool> {
             format!("{other:?}"),
         ))),
     }
+}
+
+/// One proclamation of a leadership, as the election's scripts take it.
+pub(crate) struct Proclamation<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) epoch: FencingToken,
+    /// 1 for the leadership's first, rising with each after it.
+    pub(crate) seq: u64,
+    pub(crate) value: &'a str,
+}
+
+/// Appends the proclaim script's call for `p` (see `election_proclaim.lua`), whose reply
+/// [`proclaimed`] reads.
+pub(crate) fn pack_proclaim(
+    buf: &mut Vec<u8>,
+    keys: &LockKeys,
+    record: &str,
+    p: &Proclamation<'_>,
+) {
+    let epoch = p.epoch.as_u64().to_string();
+    evalsha(
+        buf,
+        &PROCLAIM,
+        &[keys.lock(), record],
+        &[
+            Arg::Str(p.owner),
+            Arg::Str(&epoch),
+            Arg::Int(p.seq),
+            Arg::Str(p.value),
+            Arg::Str(record),
+        ],
+    );
+}
+
+/// Whether a proclamation stands: `false` when the lock was not the leadership's any more.
+pub(crate) fn proclaimed(reply: Value) -> RedisResult<bool> {
+    Ok(redis::from_redis_value::<i64>(reply)? != 0)
+}
+
+/// Runs the proclaim script on one master (see [`pack_proclaim`]).
+pub(crate) fn proclaim(
+    con: &mut redis::Connection,
+    keys: &LockKeys,
+    record: &str,
+    p: &Proclamation<'_>,
+) -> RedisResult<bool> {
+    let mut buf = Vec::with_capacity(256 + p.value.len());
+    pack_proclaim(&mut buf, keys, record, p);
+    proclaimed(run(con, &PROCLAIM, &buf)?)
+}
+
+/// Appends the resign script's call for `owner`'s record (see `election_resign.lua`).
+pub(crate) fn pack_resign(buf: &mut Vec<u8>, record: &str, owner: &str) {
+    evalsha(
+        buf,
+        &RESIGN,
+        &[record],
+        &[Arg::Str(owner), Arg::Str(record)],
+    );
+}
+
+/// Runs the resign script on one master: whether the record was `owner`'s.
+pub(crate) fn resign(con: &mut redis::Connection, record: &str, owner: &str) -> RedisResult<bool> {
+    let mut buf = Vec::with_capacity(192);
+    pack_resign(&mut buf, record, owner);
+    Ok(redis::from_redis_value::<i64>(run(con, &RESIGN, &buf)?)? != 0)
+}
+
+/// Who leads, as one master records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Leading {
+    /// The owner id of the leadership's grant.
+    pub(crate) owner: String,
+    pub(crate) epoch: FencingToken,
+    pub(crate) seq: u64,
+    pub(crate) value: String,
+    /// The lock's remaining lease; `None` without expiry.
+    pub(crate) pttl: Option<Duration>,
+}
+
+/// Appends the leader script's call (see `election_leader.lua`), whose reply [`leading`] reads.
+pub(crate) fn pack_leader(buf: &mut Vec<u8>, keys: &LockKeys, record: &str) {
+    evalsha(buf, &LEADER, &[keys.lock(), record], &[]);
+}
+
+/// The leader script's reply: `None` when nobody leads.
+pub(crate) fn leading(reply: Value, keys: &LockKeys) -> RedisResult<Option<Leading>> {
+    let fields: Vec<Value> = redis::from_redis_value(reply)?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let (owner, epoch, seq, value, pttl): (String, String, u64, String, i64) =
+        redis::from_redis_value(Value::Array(fields))?;
+    Ok(Some(Leading {
+        owner,
+        epoch: token(parse_token(&epoch, keys)?, keys)?,
+        seq,
+        value,
+        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+    }))
+}
+
+/// Runs the leader script on one master.
+pub(crate) fn leader(
+    con: &mut redis::Connection,
+    keys: &LockKeys,
+    record: &str,
+) -> RedisResult<Option<Leading>> {
+    let mut buf = Vec::with_capacity(192);
+    pack_leader(&mut buf, keys, record);
+    leading(run(con, &LEADER, &buf)?, keys)
 }
