@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod election;
 mod faults;
 mod harness;
 mod lock_all;

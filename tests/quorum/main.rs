@@ -8,5 +8,6 @@
 mod support;
 
 mod edges;
+mod election;
 mod lock_all;
 mod locks;

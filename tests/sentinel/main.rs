@@ -9,6 +9,7 @@
 mod support;
 
 mod auth;
+mod election;
 mod failover;
 mod follow_master;
 mod harness;
