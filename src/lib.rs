@@ -201,6 +201,31 @@
 //! # }
 //! ```
 //!
+//! # Leader election
+//!
+//! [`LockClient::election`] gives an [`Election`]: [`Election::campaign`] waits until this
+//! process leads, first come, first served, and returns a [`Leadership`] whose
+//! [`epoch`](Leadership::epoch) is a fencing token that rises with every new leader, so the
+//! storage a leader writes to refuses a deposed one. Anyone can read [`Election::leader`], or
+//! [`observe`](Election::observe) every change without polling; [`Election::run_while_leader`]
+//! runs work while leading and campaigns again.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! use fencelock::{FencedRedis, LockClient};
+//!
+//! let client = LockClient::new("redis://127.0.0.1:6379/")?;
+//! let store = FencedRedis::from(&client);
+//! let election = client.election("scheduler")?;
+//! let leadership = election.campaign("node-a:8080")?;
+//! store.set("schedule", leadership.epoch(), "nightly at 02:00")?;
+//! if let Some(leader) = election.leader()? {
+//!     println!("{} leads, epoch {}", leader.value(), leader.epoch());
+//! }
+//! leadership.resign()
+//! # }
+//! ```
+//!
 //! # Looking at a lock, and breaking it
 //!
 //! [`LockClient::status`] reads how a lock stands without taking it: held or free, the
