@@ -105,6 +105,10 @@ impl Election {
     /// leadership. Candidates are served first come, first served; the renewal thread keeps the
     /// leadership's lease alive until it is resigned or dropped.
     ///
+    /// A thread that campaigns while it holds a [`Leadership`] of the same election waits for
+    /// itself, as a thread locking a key whose guard it holds does: bound such a campaign with
+    /// [`try_campaign`](Election::try_campaign).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a value longer than [`MAX_LEADER_VALUE_LEN`]; otherwise as
     /// for [`LockClient::lock`](crate::LockClient::lock).
