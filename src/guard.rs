@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::grant::{Grant, SharedLoss};
 use crate::metrics::{self, Op};
 use crate::options::validate_lease;
@@ -109,6 +109,17 @@ impl LockGuard {
     /// shared by the grants of its keys); at once if it is lost already.
     pub(crate) fn share_loss(&self, signal: &SharedLoss) {
         self.grant.watch_shared(signal);
+    }
+
+    /// Marks the grant lost, if it is not already (a set's extend that found this key gone).
+    pub(crate) fn mark_lost(&self, why: &str) {
+        self.grant.mark_lost(why);
+    }
+
+    /// Counts `error`, returned by an `op` of this guard's set before any key was asked, as
+    /// this guard's own would be.
+    pub(crate) fn count_failed(&self, op: Op, error: &Error) {
+        metrics::failed(self.grant.keys.namespace(), op, error);
     }
 
     /// Makes the lease run at least `lease` from now, if the lock is still ours; renewal (if on)

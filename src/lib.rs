@@ -184,7 +184,8 @@
 //! gives up after a timeout, releasing what it took. Sets are taken in one order whatever order
 //! they are named in, so overlapping sets never deadlock, and each key is waited for in its own
 //! queue, so callers of single keys do not starve a set. The [`MultiGuard`] keeps each key's own
-//! fencing token, and losing any key loses the set.
+//! fencing token, and losing any key loses the set; [`MultiGuard::extend`] lengthens every key's
+//! lease at once.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {

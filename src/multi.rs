@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
@@ -20,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::grant::SharedLoss;
 use crate::guard::LockGuard;
 use crate::key::LockKeys;
+use crate::metrics::Op;
+use crate::options::validate_lease;
 use crate::token::FencingToken;
 
 /// Locks held on several keys at once, taken all or none by
@@ -103,6 +106,80 @@ impl MultiGuard {
             }
             lost
         })
+    }
+
+    /// Makes every key's lease run at least `lease` from now, as [`LockGuard::extend`] does for
+    /// one key; renewal (if on) keeps re-arming this lease for each of them from then on.
+    ///
+    /// The keys are extended one at a time, in the order they were taken
+    /// ([`keys`](MultiGuard::keys)), and the first key whose extend fails ends the call with its
+    /// error; the keys after it are not asked. What the failure means for the set depends on
+    /// what it says:
+    ///
+    /// - [`Error::LockLost`]: that key is no longer ours, so the set is lost, as when renewal
+    ///   finds a key gone: [`is_held`](MultiGuard::is_held) is false from then on and
+    ///   [`lost`](MultiGuard::lost) fires, whether or not the keys before it were extended.
+    ///   A set already known lost fails this way before any network call. Release it (drop or
+    ///   [`unlock`](MultiGuard::unlock)) to free the keys that are still ours.
+    /// - A connection error, a timeout or
+    ///   [`Error::NotReplicated`](crate::Error::NotReplicated): whether that key's extend took
+    ///   effect is unknown, so it keeps the lease it was known to have, and renewal (if on) goes
+    ///   on re-arming its old lease. The set stays held, but only as long as its shortest lease:
+    ///   the keys before it have the new lease, that key and the ones after it their old one, and
+    ///   `is_held()` turns false when the first of those runs out unrenewed. Call `extend` again
+    ///   to retry.
+    /// - An error reply that renewal cannot get past either (an ACL that refuses the script, say)
+    ///   loses that key, as it would at a renewal, and so the set.
+    ///
+    /// Either way, `is_held()` never reports the set held for longer than every key is ours.
+    ///
+    /// As with one key, an extend never shortens a lease: a key with more than `lease` left keeps
+    /// what it has.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let shelves = client.lock_all(&["shelf:1", "shelf:2"])?;
+    /// // A step that may stall for a while: every shelf's lease covers it, or none is relied on.
+    /// shelves.extend(Duration::from_secs(120))?;
+    /// // ... the long restock, with shelves.token("shelf:1") and shelves.token("shelf:2") ...
+    /// shelves.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a lease out of range, before any network call;
+    /// [`Error::LockLost`] if any key is no longer ours (the set is then lost, see above); the
+    /// other errors of [`LockGuard::extend`], for the first key that fails.
+    pub fn extend(&self, lease: Duration) -> Result<()> {
+        let checked = validate_lease(lease).and_then(|()| {
+            match self.guards.iter().find(|guard| !guard.is_held()) {
+                Some(lost) => Err(Error::LockLost {
+                    key: lost.key().to_owned(),
+                }),
+                None => Ok(()),
+            }
+        });
+        if let Err(e) = checked {
+            // Counted once, as a failed extend of one key is (a set is never empty).
+            if let Some(first) = self.guards.first() {
+                first.count_failed(Op::Extend, &e);
+            }
+            return Err(e);
+        }
+        for guard in &self.guards {
+            if let Err(e) = guard.extend(lease) {
+                if e.is_lock_lost() {
+                    // The engines mark a grant lost when they report it so; the set's word that
+                    // it is lost must not rest on that alone.
+                    guard.mark_lost("it was no longer ours at an extend of its set");
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Releases every key now, each as [`LockGuard::unlock`] does, and waits for Redis to

@@ -1,6 +1,6 @@
 //! `lock_all` over a fake engine (`engine/fake.rs`), without Redis: the order keys are taken in,
 //! what is refused before any call, that a set that cannot be had whole is released, and how a
-//! set is released and reports a loss. Against real servers: `tests/api/lock_all.rs`,
+//! set is extended, released and reports a loss. Against real servers: `tests/api/lock_all.rs`,
 //! `tests/cluster/lock_all.rs`, `tests/quorum/lock_all.rs`.
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use crossbeam_channel::{RecvTimeoutError, TryRecvError};
 use crate::engine::fake::{Fake, Kind};
 use crate::{Error, LockClient, MultiGuard};
 
-use Kind::{Acquire, Release, ReleaseDetached};
+use Kind::{Acquire, Extend, Force, Release, ReleaseDetached};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -222,6 +222,65 @@ fn lost_asked_for_after_the_loss_is_ready_at_once() {
     fake.lose("a");
     assert_eq!(set.lost().try_recv(), Ok(()));
     assert_eq!(set.lost().try_recv(), Err(TryRecvError::Disconnected));
+}
+
+#[test]
+fn extend_extends_every_key_in_order_and_checks_the_lease_first() {
+    let (client, fake) = fake();
+    let set = client.lock_all(&["b", "c", "a"]).unwrap();
+    set.extend(ms(60_000)).unwrap();
+    assert_eq!(
+        calls(&fake)[3..],
+        [call(Extend, "a"), call(Extend, "b"), call(Extend, "c")]
+    );
+    for bad in [ms(1), Duration::from_micros(10_500)] {
+        let e = set.extend(bad).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { what: "lease", .. }),
+            "{e:?}"
+        );
+    }
+    assert_eq!(fake.count(Extend), 3, "a bad lease reached the engine");
+    assert!(set.is_held());
+}
+
+#[test]
+fn extend_of_a_set_with_a_key_gone_loses_the_set() {
+    let (client, fake) = fake();
+    let set = client.lock_all(&["a", "b", "c"]).unwrap();
+    let lost = set.lost().clone();
+    // Deleted behind the holder's back: nothing has told the grant yet.
+    assert!(client.force_unlock("b").unwrap());
+    assert!(set.is_held());
+    let e = set.extend(ms(60_000)).unwrap_err();
+    assert!(matches!(&e, Error::LockLost { key } if key == "b"), "{e:?}");
+    assert!(!set.is_held());
+    assert_eq!(lost.try_recv(), Ok(()));
+    // "c" was not asked: the set was lost at "b".
+    assert_eq!(
+        calls(&fake)[3..],
+        [call(Force, "b"), call(Extend, "a"), call(Extend, "b")]
+    );
+    // Known lost now: the next extend fails before any call.
+    let e = set.extend(ms(60_000)).unwrap_err();
+    assert!(e.is_lock_lost(), "{e:?}");
+    assert_eq!(fake.count(Extend), 2);
+}
+
+#[test]
+fn extend_that_fails_to_reach_a_key_reports_it_and_keeps_the_set_held() {
+    let (client, fake) = fake();
+    let set = client.lock_all(&["a", "b", "c"]).unwrap();
+    let lost = set.lost().clone();
+    fake.fail_next(Extend, refused());
+    let e = set.extend(ms(60_000)).unwrap_err();
+    assert!(matches!(e, Error::Connection(_)), "{e:?}");
+    // Its outcome unknown, "a" keeps the lease it had; so do "b" and "c", not asked.
+    assert_eq!(calls(&fake)[3..], [call(Extend, "a")]);
+    assert!(set.is_held());
+    assert_eq!(lost.try_recv(), Err(TryRecvError::Empty));
+    set.extend(ms(60_000)).unwrap();
+    assert_eq!(fake.count(Extend), 4);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `lock_all` on one server: a set is held all or none, each key with its own rising token;
 //! overlapping sets named in any order never deadlock; a set that times out leaves nothing
-//! locked in Redis; losing one key loses the set; unlock and drop release every key.
+//! locked in Redis; losing one key loses the set; extend lengthens every key's lease, and loses
+//! the set if a key is gone; unlock and drop release every key.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,10 +10,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fencelock::crossbeam_channel::RecvTimeoutError;
-use fencelock::LockClient;
+use fencelock::{LockClient, LockOptions};
 
 use crate::support::sets::{run_random_sets, Rounds};
-use crate::support::{fence_key, lock_client, lock_exists, ms, poll_until, queue_len, RedisServer};
+use crate::support::{
+    fence_key, lock_client, lock_exists, lock_key, lock_pttl, ms, poll_until, queue_len,
+    RedisServer,
+};
 
 /// The keys of `keys` that are locked in Redis now.
 fn locked(con: &mut redis::Connection, keys: &[&str]) -> Vec<String> {
@@ -179,6 +183,71 @@ fn losing_one_key_loses_the_set_and_fires_lost_once() {
     assert!(e.is_lock_lost(), "{e:?}");
     let mut con = server.connection();
     assert!(locked(&mut con, &["l:a", "l:b", "l:c"]).is_empty());
+}
+
+/// Without renewal, a set's keys would expire with their 1 s lease; `extend` re-arms every one
+/// of them in Redis, and the set stays held past the lease it was taken with.
+#[test]
+fn extend_lengthens_every_keys_lease() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let keys = ["e:3", "e:1", "e:2"];
+    let options = LockOptions::new().lease(ms(1_000)).renew(false);
+    let set = client.lock_all_with(&keys, &options).unwrap();
+    for key in keys {
+        let left = lock_pttl(&mut con, key);
+        assert!(0 < left && left <= 1_000, "{key}: pttl {left} before");
+    }
+    let e = set.extend(ms(1)).unwrap_err();
+    assert!(e.is_invalid_argument(), "{e:?}");
+
+    set.extend(ms(60_000)).unwrap();
+    for key in keys {
+        let left = lock_pttl(&mut con, key);
+        assert!(left > 50_000, "{key}: pttl {left} after the extend");
+    }
+    // Past the lease the set was taken with: held, here and in Redis.
+    thread::sleep(ms(1_500));
+    assert!(set.is_held());
+    assert_eq!(locked(&mut con, &keys).len(), 3);
+    set.unlock().unwrap();
+    assert!(locked(&mut con, &keys).is_empty());
+}
+
+/// A key of the set deleted behind the holder's back (renewal, 10 s away, has not noticed):
+/// the set's extend reports that key lost, and the whole set is lost with it: not held, and
+/// `lost()` fires. The key taken before it was extended, the one after it was not asked.
+#[test]
+fn extend_of_a_set_with_a_key_gone_reports_it_lost_and_loses_the_set() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 30_000);
+    let mut con = server.connection();
+    let keys = ["g:a", "g:b", "g:c"];
+    let set = client.lock_all(&keys).unwrap();
+    let lost = set.lost().clone();
+    let deleted: u32 = redis::cmd("DEL")
+        .arg(lock_key("g:b"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(deleted, 1);
+    assert!(set.is_held(), "nothing has told the set yet");
+
+    let e = set.extend(ms(60_000)).unwrap_err();
+    assert!(
+        matches!(&e, fencelock::Error::LockLost { key } if key == "g:b"),
+        "{e:?}"
+    );
+    assert!(!set.is_held(), "a set with a key gone still says held");
+    assert_eq!(lost.recv_timeout(ms(1_000)), Ok(()), "lost() did not fire");
+    assert!(lock_pttl(&mut con, "g:a") > 50_000);
+    assert!(lock_pttl(&mut con, "g:c") <= 30_000);
+    // Known lost: a second extend fails the same way.
+    assert!(set.extend(ms(60_000)).unwrap_err().is_lock_lost());
+    // The release frees the keys that were still ours.
+    let e = set.unlock().unwrap_err();
+    assert!(e.is_lock_lost(), "{e:?}");
+    assert!(locked(&mut con, &keys).is_empty());
 }
 
 #[test]
