@@ -155,16 +155,19 @@ impl Election {
     /// Who leads now, read from Redis (a majority of a quorum's masters): `None` while nobody
     /// does, including the moment between a candidate's grant and its first proclamation.
     ///
+    /// On a quorum, a proclamation that reached only some masters (its `proclaim` failed) may
+    /// show in one read and not in the next; an [`Observer`] never reports such a step back.
+    ///
     /// # Errors
     /// Connection errors and timeouts, as for any call.
     pub fn leader(&self) -> Result<Option<Leader>> {
         let inner = &self.inner;
-        let leading = inner
+        let who = inner
             .client
             .shared()
             .engine
             .leader(&inner.keys, &inner.record)?;
-        Ok(leading.map(Leader::from))
+        Ok(who.leading().map(Leader::from))
     }
 
     /// Starts observing the election: [`Observer::changes`] delivers who leads now, then every
@@ -210,16 +213,47 @@ impl Election {
     /// ```
     ///
     /// # Errors
-    /// As for [`campaign_with`](Election::campaign_with): a campaign that fails ends the loop.
-    /// A resignation that fails is logged: the leadership's lease ends it anyway.
+    /// A campaign that fails for a passing reason (Redis unreachable or not answering, a
+    /// failover under way, a proclamation not replicated in time) is logged and tried again
+    /// after a pause (100 ms, doubling to 5 s), as Curator's `autoRequeue` does; any other
+    /// error ends the loop: [`Error::Cancelled`] through the options' cancel channel (which
+    /// also ends a pause), [`Error::InvalidArgument`], [`Error::Rejected`] (a wrong password,
+    /// say). A resignation that fails is logged: the leadership's lease ends it anyway.
     pub fn run_while_leader<T>(
         &self,
         value: &str,
         options: &LockOptions,
         mut work: impl FnMut(&Leadership) -> ControlFlow<T>,
     ) -> Result<T> {
+        let mut pause = FIRST_RETRY;
         loop {
-            let leadership = self.campaign_with(value, options)?;
+            let leadership = match self.campaign_with(value, options) {
+                Ok(leadership) => leadership,
+                Err(e) if passing(&e) => {
+                    log::warn!(
+                        "fencelock: campaigning in election {:?} failed; trying again in \
+                         {pause:?}: {e}",
+                        self.name()
+                    );
+                    let cancelled = match &options.cancel {
+                        Some(cancel) => !matches!(
+                            cancel.recv_timeout(pause),
+                            Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                        ),
+                        None => {
+                            std::thread::sleep(pause);
+                            false
+                        }
+                    };
+                    if cancelled {
+                        return Err(Error::Cancelled);
+                    }
+                    pause = (pause * 2).min(MAX_RETRY);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            pause = FIRST_RETRY;
             let flow = work(&leadership);
             if let Err(e) = leadership.resign() {
                 if !e.is_lock_lost() {
@@ -257,6 +291,7 @@ impl Election {
                 resigned: false,
                 election: self.clone(),
                 seq: Mutex::new(0),
+                value: Mutex::new(String::new()),
             };
             match leadership.proclaim(value) {
                 Ok(()) => return Ok(Some(leadership)),
@@ -301,6 +336,8 @@ pub struct Leadership {
     /// The seq of the last proclamation; held across a proclamation, so that proclamations
     /// are recorded in the order they were made.
     seq: Mutex<u64>,
+    /// The value of the last proclamation that stood.
+    value: Mutex<String>,
 }
 
 impl Leadership {
@@ -322,6 +359,14 @@ impl Leadership {
     /// [`LockGuard::lost`](crate::LockGuard::lost).
     pub fn lost(&self) -> &Receiver<()> {
         self.guard.lost()
+    }
+
+    /// What this leader advertises: the value of its last proclamation that stood.
+    pub fn value(&self) -> String {
+        self.value
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The election led.
@@ -357,8 +402,12 @@ impl Leadership {
         // that may have been recorded.
         *seq = next;
         if stands? {
+            value.clone_into(&mut self.value.lock().unwrap_or_else(PoisonError::into_inner));
             Ok(())
         } else {
+            guard
+                .grant()
+                .mark_lost("its election's lock belongs to another owner");
             Err(Error::LockLost {
                 key: self.election.name().to_owned(),
             })
@@ -444,6 +493,20 @@ impl From<Leading> for Leader {
             value: l.value,
         }
     }
+}
+
+/// The pauses of [`Election::run_while_leader`] after a campaign that failed for a passing
+/// reason.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// Whether a campaign's error may pass by itself: an outage, a failover, a slow replica.
+fn passing(e: &Error) -> bool {
+    e.is_connection()
+        || e.is_timeout()
+        || e.is_not_writable()
+        || e.is_not_replicated()
+        || e.is_pool_exhausted()
 }
 
 fn validate_value(value: &str) -> Result<()> {

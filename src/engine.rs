@@ -39,7 +39,7 @@ use crate::net::watch::Heard;
 use crate::one_master::OneMaster;
 use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
-use crate::scripts::{Leading, Proclamation};
+use crate::scripts::{Proclamation, Who};
 use crate::status::LockStatus;
 
 #[cfg(test)]
@@ -158,9 +158,9 @@ impl Engine {
         }
     }
 
-    /// Who leads the election whose lock is `keys`: `None` when nobody has proclaimed since the
+    /// Who leads the election whose lock is `keys`: nobody when nobody has proclaimed since the
     /// lock was last granted.
-    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Option<Leading>> {
+    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Who> {
         match self {
             Engine::OneMaster(m) => m.leader(keys, record),
             Engine::Quorum(q) => q.leader(keys, record),

@@ -8,7 +8,10 @@
 //!
 //! A leader that dies says nothing: the observer reads again when the leader's lease would have
 //! run out, as a lock's waiter looks again at its holder's expiry. So it learns of a crashed
-//! leader within about a lease, and of everything else within a round trip.
+//! leader within about a lease, and of everything else within a round trip. While nobody leads
+//! it reads once per lease of its client, as a net under the messages: one lost (a publish the
+//! leader's ACL refused, a subscription the observer's ACL refused) then costs a lease of delay,
+//! not a report never made.
 //!
 //! | event | what the observer does |
 //! |---|---|
@@ -27,7 +30,7 @@ use crossbeam_channel::{select, Receiver, Sender};
 use super::{Election, Leader};
 use crate::error::{Error, Result};
 use crate::net::watch::Heard;
-use crate::scripts::Leading;
+use crate::scripts::{Leading, Who};
 use crate::token::FencingToken;
 
 /// What an observer adds to a leader's lease before it reads again: the lease as read left out
@@ -37,7 +40,7 @@ const LEASE_MARGIN: Duration = Duration::from_millis(20);
 /// Watches an election: made by [`Election::observe`]. Its [`changes`](Observer::changes)
 /// channel delivers who leads when the observer starts, then every change of leader or of the
 /// leader's value, in order, without polling. Dropping the observer stops it (its thread ends
-/// within about a second).
+/// once a read in progress ends: at most a connection and a response timeout).
 ///
 /// `None` means nobody leads: the leader resigned, its lease ran out, or a new leader was
 /// granted the election and has not proclaimed yet. A leader that crashes is reported gone
@@ -83,6 +86,7 @@ impl Observer {
         )?;
         let name = election.name().to_owned();
         let mut observing = Observing {
+            fallback: election.inner.client.lease(),
             election,
             trusts_messages,
             changes: changes_tx,
@@ -90,10 +94,14 @@ impl Observer {
             heard: None,
             next_read: None,
             pause: FIRST_PAUSE,
+            warned: false,
         };
         thread::Builder::new()
             .name("fencelock-observe".to_owned())
-            .spawn(move || observing.run(&inbox, &stop))
+            .spawn(move || {
+                observing.read();
+                observing.run(&inbox, &stop);
+            })
             .map_err(|e| Error::Connection(Box::new(e)))?;
         Ok(Observer {
             changes,
@@ -135,6 +143,11 @@ struct Observing {
     next_read: Option<Instant>,
     /// The pause after a failed read.
     pause: Duration,
+    /// How long to go without a read while nobody leads (or the leader's lease is unknown):
+    /// the client's lease.
+    fallback: Duration,
+    /// Whether a failed read has been warned of since the last good one.
+    warned: bool,
 }
 
 impl Observing {
@@ -161,33 +174,62 @@ impl Observing {
         }
     }
 
-    /// Reads who leads; what it reads is the truth now, whatever was heard before.
+    /// Reads who leads; what it reads is the truth now, whatever was heard before (but see the
+    /// module docs on a lower seq within an epoch).
     fn read(&mut self) {
-        match self
-            .election
-            .inner
+        let inner = &self.election.inner;
+        match inner
             .client
             .shared()
             .engine
-            .leader(&self.election.inner.keys, &self.election.inner.record)
+            .leader(&inner.keys, &inner.record)
         {
-            Ok(leading) => {
+            Ok(Who::Leads(l)) => {
                 self.pause = FIRST_PAUSE;
-                self.next_read = look_again(leading.as_ref().and_then(|l| l.pttl));
-                if let Some(l) = &leading {
-                    self.heard = Some((l.epoch, l.seq));
+                self.warned = false;
+                self.next_read = Some(self.look_again(l.pttl));
+                let at = (l.epoch, l.seq);
+                if self
+                    .heard
+                    .is_some_and(|(epoch, seq)| epoch == l.epoch && l.seq < seq)
+                {
+                    return;
                 }
-                self.report(leading.map(Leader::from));
+                self.heard = Some(at);
+                self.report(Some(Leader::from(l)));
+            }
+            Ok(Who::Nobody { after }) => {
+                self.pause = FIRST_PAUSE;
+                self.warned = false;
+                self.next_read = Some(self.look_again(None));
+                if let Some(after) = after {
+                    self.heard = Some(self.heard.map_or(after, |heard| heard.max(after)));
+                }
+                self.report(None);
             }
             Err(e) => {
-                log::debug!(
-                    "fencelock: observer of election {:?} could not read the leader: {e}",
-                    self.election.name()
-                );
+                if std::mem::replace(&mut self.warned, true) {
+                    log::debug!(
+                        "fencelock: observer of election {:?} could not read the leader: {e}",
+                        self.election.name()
+                    );
+                } else {
+                    log::warn!(
+                        "fencelock: observer of election {:?} could not read the leader; \
+                         trying again: {e}",
+                        self.election.name()
+                    );
+                }
                 self.next_read = Some(Instant::now() + self.pause);
                 self.pause = (self.pause * 2).min(MAX_PAUSE);
             }
         }
+    }
+
+    /// When to read again for a leader whose lease has `pttl` left (`None`: nobody leads, or
+    /// the lease has no expiry): a lease of the client's at most.
+    fn look_again(&self, pttl: Option<Duration>) -> Instant {
+        Instant::now() + pttl.unwrap_or(self.fallback).min(self.fallback) + LEASE_MARGIN
     }
 
     /// A message from the one master, true when it was published.
@@ -199,7 +241,7 @@ impl Observing {
                     return;
                 }
                 self.heard = Some(at);
-                self.next_read = look_again(leading.pttl);
+                self.next_read = Some(self.look_again(leading.pttl));
                 self.report(Some(Leader::from(leading)));
             }
             Some(Said::Resigned(epoch, seq)) => {
@@ -208,7 +250,7 @@ impl Observing {
                 }
                 let current = matches!(&self.reported, Some(Some(l)) if l.epoch == epoch);
                 if current {
-                    self.next_read = None;
+                    self.next_read = Some(self.look_again(None));
                     self.report(None);
                 }
             }
@@ -228,12 +270,6 @@ impl Observing {
         // Nobody reads any more: the observer is being dropped, and `stop` ends the thread.
         let _ = self.changes.send(now);
     }
-}
-
-/// When to read again for a leader whose lease has `pttl` left: never for no leader or no
-/// expiry.
-fn look_again(pttl: Option<Duration>) -> Option<Instant> {
-    pttl.map(|pttl| Instant::now() + pttl + LEASE_MARGIN)
 }
 
 enum Said {

@@ -8,22 +8,35 @@ use std::sync::{Arc, Weak};
 use crossbeam_channel::Sender;
 
 use super::OneMaster;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::key::LockKeys;
 use crate::net::watch::{self, Heard, On};
-use crate::scripts::{self, Leading, Proclamation};
+use crate::scripts::{self, Proclamation, Who};
 
 impl OneMaster {
-    /// See [`Engine::proclaim`](crate::engine::Engine::proclaim).
+    /// See [`Engine::proclaim`](crate::engine::Engine::proclaim). With replica
+    /// acknowledgement configured, a proclamation too waits for the replicas, as a grant does:
+    /// one a failover could lose would leave observers without the leader, or with an older
+    /// value, while the leadership itself survived.
     pub(crate) fn proclaim(
         &self,
         keys: &LockKeys,
         record: &str,
         p: &Proclamation<'_>,
     ) -> Result<bool> {
-        self.router.run(keys.lock(), |con, _| {
-            scripts::proclaim(con, keys, record, p)
-        })
+        let acks = self.config.replica_acks;
+        let (stands, acked) = self.router.run(keys.lock(), |con, _| {
+            scripts::proclaim(con, keys, record, p, acks)
+        })?;
+        match (acks, acked) {
+            (Some(acks), Some(acked)) if stands && acked < acks.replicas => {
+                Err(Error::NotReplicated {
+                    acked,
+                    required: acks.replicas,
+                })
+            }
+            _ => Ok(stands),
+        }
     }
 
     /// See [`Engine::resign`](crate::engine::Engine::resign).
@@ -34,7 +47,7 @@ impl OneMaster {
     }
 
     /// See [`Engine::leader`](crate::engine::Engine::leader).
-    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Option<Leading>> {
+    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Who> {
         self.router
             .run(keys.lock(), |con, _| scripts::leader(con, keys, record))
     }

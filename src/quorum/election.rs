@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::Quorum;
+use super::{Next, Quorum};
 use crate::error::{Error, Result};
 use crate::key::LockKeys;
 use crate::net::watch::{self, Heard, On};
-use crate::scripts::{self, Leading, Proclamation};
+use crate::scripts::{self, Leading, Proclamation, Who};
 
 impl Quorum {
     /// See [`Engine::proclaim`](crate::engine::Engine::proclaim): recorded where a majority of
@@ -63,21 +63,30 @@ impl Quorum {
     /// See [`Engine::leader`](crate::engine::Engine::leader): the leadership whose lock and
     /// record a majority of masters hold, with the latest proclamation any of them recorded
     /// (a proclamation that reached only some masters may show before it reaches a majority,
-    /// never after a later one); its lease is what a majority still has left.
-    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Option<Leading>> {
+    /// and, if it never does, show in one read and not in the next); its lease is what a
+    /// majority still has left. Waits for every master but a stalled one, as a grant does.
+    pub(crate) fn leader(&self, keys: &LockKeys, record: &str) -> Result<Who> {
         let until = Instant::now() + self.response_timeout;
         let mut packed = Vec::with_capacity(192);
         scripts::pack_leader(&mut packed, keys, record);
         let rx = self.ask(self.all(), &scripts::LEADER, packed, until, false);
         let n = self.masters.len();
         let mut seen: Vec<Option<Leading>> = Vec::with_capacity(n);
+        let mut answered = vec![false; n];
         let mut failed = None;
-        while seen.len() + usize::from(failed.is_some()) < n {
-            let Ok(reply) = rx.recv_deadline(until) else {
+        loop {
+            let now = Instant::now();
+            if self.waited_for(&answered, now).next().is_none() {
                 break;
+            }
+            let reply = match self.next_reply(&rx, &answered, now, until) {
+                Next::Reply(reply) => reply,
+                Next::Recount => continue,
+                Next::Done => break,
             };
+            answered[reply.master] = true;
             match reply.result.and_then(|v| scripts::leading(v, keys)) {
-                Ok(leading) => seen.push(leading),
+                Ok(who) => seen.push(who.leading()),
                 Err(e) => {
                     failed.get_or_insert(e);
                 }
@@ -93,13 +102,14 @@ impl Quorum {
                 .filter(|l| l.owner == owner)
                 .collect::<Vec<_>>()
         };
+        let nobody = Who::Nobody { after: None };
         let Some(owner) = seen
             .iter()
             .flatten()
             .map(|l| l.owner.as_str())
             .find(|o| holders(o).len() >= quorum)
         else {
-            return Ok(None);
+            return Ok(nobody);
         };
         let holding = holders(owner);
         let mut pttls: Vec<Option<Duration>> = holding.iter().map(|l| l.pttl).collect();
@@ -111,9 +121,9 @@ impl Quorum {
             (Some(a), Some(b)) => b.cmp(a),
         });
         let Some(latest) = holding.iter().max_by_key(|l| l.seq) else {
-            return Ok(None);
+            return Ok(nobody);
         };
-        Ok(Some(Leading {
+        Ok(Who::Leads(Leading {
             pttl: pttls.get(quorum - 1).copied().flatten(),
             ..(*latest).clone()
         }))

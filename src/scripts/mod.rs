@@ -561,16 +561,26 @@ pub(crate) fn proclaimed(reply: Value) -> RedisResult<bool> {
     Ok(redis::from_redis_value::<i64>(reply)? != 0)
 }
 
-/// Runs the proclaim script on one master (see [`pack_proclaim`]).
+/// Runs the proclaim script on one master (see [`pack_proclaim`]); with `acks`, a `WAIT` in
+/// the same pipeline, whose count of replicas comes back too.
 pub(crate) fn proclaim(
     con: &mut redis::Connection,
     keys: &LockKeys,
     record: &str,
     p: &Proclamation<'_>,
-) -> RedisResult<bool> {
+    acks: Option<ReplicaAcks>,
+) -> RedisResult<(bool, Option<u32>)> {
     let mut buf = Vec::with_capacity(256 + p.value.len());
     pack_proclaim(&mut buf, keys, record, p);
-    proclaimed(run(con, &PROCLAIM, &buf)?)
+    match acks {
+        None => Ok((proclaimed(run(con, &PROCLAIM, &buf)?)?, None)),
+        Some(acks) => {
+            let first = buf.len();
+            pack_wait(&mut buf, acks);
+            let (reply, acked) = run_acked(con, &PROCLAIM, &buf, first)?;
+            Ok((proclaimed(reply)?, Some(acked)))
+        }
+    }
 }
 
 /// Appends the resign script's call for `owner`'s record (see `election_resign.lua`).
@@ -602,20 +612,50 @@ pub(crate) struct Leading {
     pub(crate) pttl: Option<Duration>,
 }
 
-/// Appends the leader script's call (see `election_leader.lua`), whose reply [`leading`] reads.
-pub(crate) fn pack_leader(buf: &mut Vec<u8>, keys: &LockKeys, record: &str) {
-    evalsha(buf, &LEADER, &[keys.lock(), record], &[]);
+/// Who leads an election, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Who {
+    Leads(Leading),
+    /// Nobody leads. `after`: every proclamation at or below this (epoch, seq) is over (the
+    /// election's latest grant has ended, or has not proclaimed), when known.
+    Nobody {
+        after: Option<(FencingToken, u64)>,
+    },
 }
 
-/// The leader script's reply: `None` when nobody leads.
-pub(crate) fn leading(reply: Value, keys: &LockKeys) -> RedisResult<Option<Leading>> {
+impl Who {
+    pub(crate) fn leading(self) -> Option<Leading> {
+        match self {
+            Who::Leads(l) => Some(l),
+            Who::Nobody { .. } => None,
+        }
+    }
+}
+
+/// Appends the leader script's call (see `election_leader.lua`), whose reply [`leading`] reads.
+pub(crate) fn pack_leader(buf: &mut Vec<u8>, keys: &LockKeys, record: &str) {
+    evalsha(buf, &LEADER, &[keys.lock(), record, keys.fence()], &[]);
+}
+
+/// The leader script's reply.
+pub(crate) fn leading(reply: Value, keys: &LockKeys) -> RedisResult<Who> {
     let fields: Vec<Value> = redis::from_redis_value(reply)?;
-    if fields.is_empty() {
-        return Ok(None);
+    if fields.len() == 2 {
+        let (held, fence): (i64, String) = redis::from_redis_value(Value::Array(fields))?;
+        let after = match fence.as_str() {
+            "" => None,
+            digits => {
+                let epoch = token(parse_token(digits, keys)?, keys)?;
+                // Free: every leadership up to the latest grant is over. Held by a candidate
+                // that has not proclaimed: every earlier epoch is.
+                Some((epoch, if held == 0 { u64::MAX } else { 0 }))
+            }
+        };
+        return Ok(Who::Nobody { after });
     }
     let (owner, epoch, seq, value, pttl): (String, String, u64, String, i64) =
         redis::from_redis_value(Value::Array(fields))?;
-    Ok(Some(Leading {
+    Ok(Who::Leads(Leading {
         owner,
         epoch: token(parse_token(&epoch, keys)?, keys)?,
         seq,
@@ -629,7 +669,7 @@ pub(crate) fn leader(
     con: &mut redis::Connection,
     keys: &LockKeys,
     record: &str,
-) -> RedisResult<Option<Leading>> {
+) -> RedisResult<Who> {
     let mut buf = Vec::with_capacity(192);
     pack_leader(&mut buf, keys, record);
     leading(run(con, &LEADER, &buf)?, keys)

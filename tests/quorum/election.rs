@@ -69,3 +69,62 @@ fn a_second_candidate_leads_after_the_first_resigns() {
     let next = waiting.join().unwrap().unwrap();
     assert!(next > epoch);
 }
+
+#[test]
+fn an_observer_never_reports_a_value_going_back_after_a_minority_proclamation() {
+    let quorum = Quorum::start(3);
+    let election = quorum.client(ms(2_000)).election("scheduler").unwrap();
+    let observer = quorum
+        .client(ms(2_000))
+        .election("scheduler")
+        .unwrap()
+        .observe()
+        .unwrap();
+    assert_eq!(observer.changes().recv_timeout(PATIENCE).unwrap(), None);
+    let leadership = election.campaign("v1").unwrap();
+    assert_eq!(
+        observer
+            .changes()
+            .recv_timeout(PATIENCE)
+            .unwrap()
+            .unwrap()
+            .value(),
+        "v1"
+    );
+    // A proclamation that reached master 0 alone, as a partition would leave it: the proclaim
+    // script run there by hand.
+    let lock = "test:lock:{%election:scheduler}";
+    let record = "test:leader:{%election:scheduler}";
+    let mut con = quorum.connection(0);
+    let owner: String = redis::cmd("GET").arg(lock).query(&mut con).unwrap();
+    let stood: i64 = redis::cmd("EVAL")
+        .arg(include_str!("../../src/scripts/election_proclaim.lua"))
+        .arg(2)
+        .arg(lock)
+        .arg(record)
+        .arg(&owner)
+        .arg(leadership.epoch().as_u64().to_string())
+        .arg(2)
+        .arg("v2")
+        .arg(record)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(stood, 1);
+    // Heard from master 0, read with it: v2.
+    assert_eq!(
+        observer
+            .changes()
+            .recv_timeout(PATIENCE)
+            .unwrap()
+            .unwrap()
+            .value(),
+        "v2"
+    );
+    // Master 0 frozen: reads see v1 again; the observer, reading at least once per lease,
+    // must not report it.
+    quorum.freeze(0);
+    let back = observer.changes().recv_timeout(ms(3 * 2_000));
+    quorum.thaw_all();
+    assert!(back.is_err(), "reported after v2: {back:?}");
+    assert!(leadership.is_leader());
+}

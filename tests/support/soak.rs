@@ -1,8 +1,10 @@
 //! A soak under random faults: threads of several clients lock keys and write through a fenced
 //! store ([`Workload`]), while a fault thread injects the faults of the deployment they run on,
-//! each kind in turn from a random start. Two deployments: [`OneServer`] (a redis-server with AOF
-//! behind a fault proxy) and [`QuorumOf`] (masters, each behind a fault proxy). Shared by
-//! `examples/soak.rs` and `examples/quorum_soak.rs` (minutes) and `tests/soak/` (seconds, in CI).
+//! each kind in turn from a random start. Four deployments: [`OneServer`] (a redis-server with
+//! AOF behind a fault proxy), [`SentinelOf`] (a master, two replicas and three sentinels, failed
+//! over for real), [`ClusterOf`] (three masters with a replica each) and [`QuorumOf`] (masters,
+//! each behind a fault proxy). Shared by `examples/soak.rs` and `examples/quorum_soak.rs`
+//! (minutes) and `tests/soak/` (seconds, in CI).
 //!
 //! What it counts, and what must stay zero:
 //! - overlaps: two holds of a key whose intervals intersect, where a hold runs from its grant to
@@ -18,10 +20,12 @@ use std::time::{Duration, Instant};
 
 use fencelock::{FencedRedis, LockClient, Topology};
 
+use super::cluster::ClusterSet;
 use super::fenced_workload::{Workload, WorkloadConfig};
 use super::history::Hold;
 use super::proxy::{Mode, Proxy};
 use super::quorum::Quorum;
+use super::sentinel::{SentinelSet, MASTER_NAME};
 use super::{RedisServer, Rng};
 
 /// What a soak runs on: how its clients and its fenced store reach it, and what can go wrong
@@ -79,6 +83,20 @@ impl SoakConfig {
             lease: Duration::from_millis(400),
             long_one_in: 8,
             fault_every: Duration::from_millis(1_000),
+            ..SoakConfig::one_server()
+        }
+    }
+}
+
+impl SoakConfig {
+    /// For [`SentinelOf`] and [`ClusterOf`]: a minute of 8 threads over 2 clients on three
+    /// keys, a fault about every 2 s (a failover takes seconds to settle).
+    pub fn replicated() -> SoakConfig {
+        SoakConfig {
+            keys: &["a", "b", "c"],
+            lease: Duration::from_millis(400),
+            long_one_in: 8,
+            fault_every: Duration::from_millis(2_000),
             ..SoakConfig::one_server()
         }
     }
@@ -374,6 +392,180 @@ impl Deployment for QuorumOf {
                 }
             }
             _ => self.proxies[i].close_connections(),
+        }
+    }
+}
+
+/// Redis Sentinel: a master and two replicas with `min-replicas-to-write 1` (and AOF), three
+/// sentinels; the clients find the master through the sentinels, with `min_replica_acks(1)` when
+/// `acks`. The fenced store is a server of its own: what is checked is the lock.
+pub struct SentinelOf {
+    set: SentinelSet,
+    acks: bool,
+    store: RedisServer,
+}
+
+impl SentinelOf {
+    pub fn start(acks: bool) -> SentinelOf {
+        let set = SentinelSet::builder()
+            .replicas(2)
+            .server_args(&[
+                "--min-replicas-to-write",
+                "1",
+                "--min-replicas-max-lag",
+                "1",
+                "--appendonly",
+                "yes",
+            ])
+            .start();
+        SentinelOf {
+            set,
+            acks,
+            store: RedisServer::start(),
+        }
+    }
+}
+
+impl Deployment for SentinelOf {
+    fn name(&self) -> String {
+        format!(
+            "Sentinel (a master, 2 replicas, min-replicas-to-write 1, {})",
+            if self.acks {
+                "min_replica_acks(1)"
+            } else {
+                "no replica acks"
+            }
+        )
+    }
+
+    fn faults(&self) -> &'static [&'static str] {
+        &[
+            "pause master < lease",
+            "pause master > lease",
+            "SENTINEL FAILOVER",
+            "kill master, failover",
+        ]
+    }
+
+    fn client(&self, lease: Duration) -> LockClient {
+        let mut builder =
+            LockClient::builder(Topology::sentinel(self.set.sentinel_urls(), MASTER_NAME))
+                .namespace("soak")
+                .lease(lease)
+                .connection_timeout(Duration::from_secs(1))
+                .response_timeout(Duration::from_secs(1));
+        if self.acks {
+            builder = builder.min_replica_acks(1, lease / 4);
+        }
+        builder
+            .build()
+            .unwrap_or_else(|e| panic!("a Sentinel client: {e}"))
+    }
+
+    fn store(&self) -> FencedRedis {
+        FencedRedis::open(self.store.url()).unwrap_or_else(|e| panic!("the fenced store: {e}"))
+    }
+
+    fn inject(&mut self, fault: usize, lease: Duration, _: &mut Rng) {
+        let settle = Duration::from_secs(60);
+        match fault {
+            0 | 1 => {
+                let master = &self.set.servers()[self.set.master_index()];
+                master.pause();
+                thread::sleep(if fault == 0 { lease / 3 } else { lease * 2 });
+                master.resume();
+            }
+            2 => {
+                self.set.failover();
+                self.set.wait_settled(settle);
+            }
+            _ => {
+                let (i, port) = (self.set.master_index(), self.set.master_port());
+                self.set.server_mut(i).kill();
+                self.set.wait_for_switch(port, settle);
+                self.set.restart_server(i);
+                self.set.wait_settled(settle);
+            }
+        }
+    }
+}
+
+/// Redis Cluster: three masters with a replica each; the keys' slots spread over them. The
+/// fenced store is a server of its own.
+pub struct ClusterOf {
+    set: ClusterSet,
+    keys: &'static [&'static str],
+    store: RedisServer,
+}
+
+impl ClusterOf {
+    pub fn start(keys: &'static [&'static str]) -> ClusterOf {
+        ClusterOf {
+            set: ClusterSet::start(3, 1),
+            keys,
+            store: RedisServer::start(),
+        }
+    }
+
+    /// The port of the master that serves a random key of the soak's.
+    fn master_of_a_key(&self, rng: &mut Rng) -> u16 {
+        let key = self.keys[rng.below(self.keys.len() as u64) as usize];
+        self.set
+            .master_of_slot(ClusterSet::slot_of(&format!("{{{key}}}")))
+    }
+}
+
+impl Deployment for ClusterOf {
+    fn name(&self) -> String {
+        "Cluster (3 masters, a replica each)".to_owned()
+    }
+
+    fn faults(&self) -> &'static [&'static str] {
+        &[
+            "pause a master < lease",
+            "pause a master > lease",
+            "CLUSTER FAILOVER",
+            "pause a master > node timeout",
+        ]
+    }
+
+    fn client(&self, lease: Duration) -> LockClient {
+        LockClient::builder(Topology::cluster(self.set.seed_urls()))
+            .namespace("soak")
+            .lease(lease)
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap_or_else(|e| panic!("a Cluster client: {e}"))
+    }
+
+    fn store(&self) -> FencedRedis {
+        FencedRedis::open(self.store.url()).unwrap_or_else(|e| panic!("the fenced store: {e}"))
+    }
+
+    fn inject(&mut self, fault: usize, lease: Duration, rng: &mut Rng) {
+        let settle = Duration::from_secs(30);
+        let master = self.master_of_a_key(rng);
+        let i = self.set.index_of_port(master);
+        match fault {
+            0 | 1 => {
+                self.set.pause(i);
+                thread::sleep(if fault == 0 { lease / 3 } else { lease * 2 });
+                self.set.resume(i);
+            }
+            2 => {
+                self.set.failover(self.set.replica_of(master));
+                self.set.wait_ok(settle);
+            }
+            _ => {
+                let slot = ClusterSet::slot_of(&format!("{{{}}}", self.keys[0]));
+                let paused = self.set.index_of_port(self.set.master_of_slot(slot));
+                self.set.pause(paused);
+                self.set
+                    .wait_for_owner_change(slot, self.set.port_of(paused), settle);
+                self.set.resume(paused);
+                self.set.wait_ok(settle);
+            }
         }
     }
 }
