@@ -4,7 +4,10 @@
 //! exits 76; signals to fencelock reach CMD; `status` shows held, free and waiters as text and
 //! JSON; `release --force` lets a waiting `run` in; a wait on a terminal says what it waits for;
 //! against a Redis that does not answer, `run --timeout` ends in time with exit 1, and `status`
-//! and `release --force` within `--connect-timeout` and `--response-timeout`.
+//! and `release --force` within `--connect-timeout` and `--response-timeout`. `elect` gives CMD
+//! the epoch and the election's name, runs candidates one after another with rising epochs,
+//! hands over after a killed leader's lease, and treats a lost leadership as `run` a lost lock;
+//! `leader` shows the leader or exits 3, and `--watch` prints every change.
 //!
 //! Needs the `cli` feature: `cargo test --all-features` (or `--features cli`).
 
@@ -696,4 +699,294 @@ fn status_and_release_against_a_frozen_redis_end_within_the_timeouts_given() {
         assert_eq!(code(out.status), 2, "{flag}: {stderr}");
         assert!(stderr.contains(flag), "{flag}: {stderr}");
     }
+}
+
+/// The queue of election `name`'s lock in Redis: candidates waiting to lead.
+fn candidates_waiting(con: &mut redis::Connection, name: &str) -> u64 {
+    queue_len(con, &format!("%election:{name}"))
+}
+
+/// `fencelock leader [--json] NAME`: its exit status and what it printed.
+fn leader(server: &RedisServer, name: &str, json: bool) -> (i32, String) {
+    let mut cmd = fencelock(server);
+    cmd.arg("leader");
+    if json {
+        cmd.arg("--json");
+    }
+    cmd.arg(name);
+    let out = finish(cmd);
+    (code(out.status), text(&out.stdout))
+}
+
+/// The epoch at the end of a line CMD printed: `<word> <epoch>`.
+fn epoch_in(line: &str) -> u64 {
+    let epoch = line.rsplit(' ').next().unwrap_or_default();
+    epoch
+        .parse()
+        .unwrap_or_else(|e| panic!("no epoch at the end of {line:?}: {e}"))
+}
+
+#[test]
+fn elect_gives_cmd_the_epoch_and_election_and_exits_with_its_status() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 10_000);
+    let election = client.election("sched").unwrap();
+    let mut con = server.connection();
+
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--value", "node-a", "sched", "--"])
+        .args(sh(
+            r#"echo "$FENCELOCK_ELECTION ${FENCELOCK_TOKEN:-no-token} $FENCELOCK_EPOCH"; exit 7"#,
+        ));
+    let out = finish(cmd);
+    assert_eq!(code(out.status), 7, "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = stdout.trim();
+    assert!(
+        line.starts_with("sched no-token "),
+        "CMD printed {stdout:?}"
+    );
+    let epoch = epoch_in(line);
+    // Resigned when CMD exited: nobody leads, the lock is free.
+    assert_eq!(election.leader().unwrap(), None);
+    assert!(!lock_exists(&mut con, "%election:sched"), "not resigned");
+    // The epoch was a real leadership's: the next one is higher.
+    let next = election.campaign("library").unwrap();
+    assert!(
+        next.epoch().as_u64() > epoch,
+        "{} after {epoch}",
+        next.epoch()
+    );
+
+    // Another leads: 0s makes one attempt, 300ms waits and gives up; neither runs CMD nor
+    // stays in the queue.
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--timeout", "0s", "sched", "--", "echo", "ran"]);
+    let out = finish(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 75, "stderr: {stderr}");
+    assert_eq!(
+        stderr,
+        "fencelock: election \"sched\" is led by another candidate; not run\n"
+    );
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--timeout", "300ms", "sched", "--", "echo", "ran"]);
+    let (out, took) = timed(cmd);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(out.status), 75, "stderr: {stderr}");
+    assert!(
+        took >= ms(300) && took < Duration::from_secs(10),
+        "gave up after {took:?}"
+    );
+    assert!(stderr.contains("was not won within 300ms"), "{stderr}");
+    assert_eq!(text(&out.stdout), "", "CMD ran without leading");
+    assert_eq!(candidates_waiting(&mut con, "sched"), 0);
+
+    // A signal while waiting ends the wait, leaves the queue, runs nothing: 128 + SIGINT.
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "sched", "--", "echo", "ran"]);
+    let mut waiting = Child::spawn(cmd);
+    await_candidates(&mut con, "sched", 1);
+    send_signal(waiting.pid(), libc::SIGINT);
+    let status = waiting.wait_exit(CALL_TIMEOUT).expect("fencelock exited");
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert_eq!(candidates_waiting(&mut con, "sched"), 0);
+    assert!(next.is_leader());
+    next.resign().unwrap();
+
+    // A command that is not there: 127, and the leadership is resigned.
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "sched", "--", "/nonexistent/fencelock-test"]);
+    let out = finish(cmd);
+    assert_eq!(code(out.status), 127, "stderr: {}", text(&out.stderr));
+    assert_eq!(election.leader().unwrap(), None);
+    assert!(!lock_exists(&mut con, "%election:sched"));
+}
+
+/// Two `elect`s of one election: the second waits in the queue while the first's CMD runs, and
+/// its CMD starts only after the first's exited, with a higher epoch. `leader` shows the first
+/// (under its default value, HOST:PID) while it leads, and nobody once both are done. The CMDs
+/// write to one file, whose order tells whether they overlapped.
+#[test]
+fn a_second_elect_runs_only_after_the_firsts_command_exits_with_a_higher_epoch() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let dir = support::unique_temp_dir("fencelock-elect");
+    let log = dir.join("log");
+    let log = log.to_str().unwrap();
+
+    // The first's CMD runs until a line comes on its standard input (fencelock's).
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "queue", "--"]).args(sh(&format!(
+        r#"echo first-start >> '{log}'; echo "first $FENCELOCK_EPOCH"; read line; echo first-end >> '{log}'"#
+    )));
+    let mut first = Child::spawn(cmd);
+    let first_epoch = epoch_in(&first.expect_line("first ", CALL_TIMEOUT));
+
+    let (status, shown) = leader(&server, "queue", false);
+    assert_eq!(status, 0, "{shown}");
+    let pid = first.pid();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 3, "{shown}");
+    assert_eq!(lines[0], "election \"queue\"", "{shown}");
+    assert!(
+        lines[1].starts_with("leader   \"") && lines[1].ends_with(&format!(":{pid}\"")),
+        "not HOST:PID of the elect process: {shown}"
+    );
+    assert_eq!(lines[2], format!("epoch    {first_epoch}"), "{shown}");
+    let (status, json) = leader(&server, "queue", true);
+    assert_eq!(status, 0, "{json}");
+    assert!(
+        json.starts_with("{\"election\":\"queue\",\"leader\":\"")
+            && json.ends_with(&format!(":{pid}\",\"epoch\":{first_epoch}}}\n")),
+        "{json}"
+    );
+
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--value", "second", "queue", "--"])
+        .args(sh(&format!(
+            r#"echo second-start >> '{log}'; echo "second $FENCELOCK_EPOCH""#
+        )));
+    let mut second = Child::spawn(cmd);
+    await_candidates(&mut con, "queue", 1);
+
+    first.send_line("done");
+    let status = first
+        .wait_exit(CALL_TIMEOUT)
+        .expect("the first elect exited");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let second_epoch = epoch_in(&second.expect_line("second ", Duration::from_secs(10)));
+    assert!(
+        second_epoch > first_epoch,
+        "epoch {second_epoch} after {first_epoch}"
+    );
+    let status = second
+        .wait_exit(CALL_TIMEOUT)
+        .expect("the second elect exited");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(
+        std::fs::read_to_string(log).unwrap(),
+        "first-start\nfirst-end\nsecond-start\n",
+        "the CMDs overlapped"
+    );
+
+    assert_eq!(
+        leader(&server, "queue", false),
+        (3, "election \"queue\"\nleader   none\n".to_owned())
+    );
+    assert_eq!(
+        leader(&server, "queue", true),
+        (
+            3,
+            "{\"election\":\"queue\",\"leader\":null,\"epoch\":null}\n".to_owned()
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Polls (bounded: 10 s) until `n` candidates wait in election `name`'s queue.
+fn await_candidates(con: &mut redis::Connection, name: &str, n: u64) {
+    await_queue_len(con, &format!("%election:{name}"), n);
+}
+
+/// An `elect` killed outright (SIGKILL) neither resigns nor renews: the next candidate leads
+/// once the leadership's lease runs out, and its CMD gets a higher epoch. The killed one's CMD
+/// got SIGTERM from the kernel.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_elect_hands_over_to_the_next_after_its_lease() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--lease", "600ms", "--value", "first", "crash", "--"])
+        .args(sh(r#"echo "first $FENCELOCK_EPOCH"; trap 'echo first-got-term; exit 3' TERM; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"#));
+    let mut first = Child::spawn(cmd);
+    let first_epoch = epoch_in(&first.expect_line("first ", CALL_TIMEOUT));
+
+    let mut cmd = fencelock(&server);
+    cmd.args([
+        "elect", "--lease", "600ms", "--value", "second", "crash", "--",
+    ])
+    .args(sh(r#"echo "second $FENCELOCK_EPOCH""#));
+    let mut second = Child::spawn(cmd);
+    await_candidates(&mut con, "crash", 1);
+
+    first.kill();
+    let killed = Instant::now();
+    first.expect_line("first-got-term", Duration::from_secs(5));
+    let second_epoch = epoch_in(&second.expect_line("second ", Duration::from_secs(10)));
+    let took = killed.elapsed();
+    assert!(
+        second_epoch > first_epoch,
+        "epoch {second_epoch} after {first_epoch}"
+    );
+    // About the lease (600 ms) after its last renewal; loose for a loaded machine.
+    assert!(took < Duration::from_secs(5), "took over after {took:?}");
+    eprintln!("the next elect led {took:?} after the kill");
+    let status = second
+        .wait_exit(CALL_TIMEOUT)
+        .expect("the second elect exited");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn a_leadership_lost_while_cmd_runs_sends_it_sigterm_and_exits_76() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--lease", "600ms", "--grace", "5s", "lost", "--"])
+        .args(sh(TRAPS_TERM));
+    let mut child = Child::spawn(cmd);
+    child.expect_line("started", CALL_TIMEOUT);
+    let _: () = redis::cmd("DEL")
+        .arg(support::lock_key("%election:lost"))
+        .query(&mut con)
+        .unwrap();
+    child.expect_line("got-term", Duration::from_secs(5));
+    let status = child.wait_exit(CALL_TIMEOUT).expect("fencelock exited");
+    assert_eq!(status.code(), Some(76), "{status:?}");
+}
+
+#[test]
+fn leader_watch_prints_every_change_until_interrupted() {
+    let server = RedisServer::start();
+    let mut cmd = fencelock(&server);
+    cmd.args(["leader", "--watch", "watched"]);
+    let mut watch = Child::spawn(cmd);
+    let mut cmd = fencelock(&server);
+    cmd.args(["leader", "--watch", "--json", "watched"]);
+    let mut watch_json = Child::spawn(cmd);
+    watch.expect_line("leader none", CALL_TIMEOUT);
+    watch_json.expect_line(
+        "{\"election\":\"watched\",\"leader\":null,\"epoch\":null}",
+        CALL_TIMEOUT,
+    );
+
+    let mut cmd = fencelock(&server);
+    cmd.args(["elect", "--value", "node \"a\"", "watched", "--"])
+        .args(sh(r#"echo "leading $FENCELOCK_EPOCH"; read line"#));
+    let mut elect = Child::spawn(cmd);
+    let epoch = epoch_in(&elect.expect_line("leading ", CALL_TIMEOUT));
+    watch.expect_line(
+        &format!("leader \"node \\\"a\\\"\" epoch {epoch}"),
+        Duration::from_secs(10),
+    );
+    watch_json.expect_line(
+        &format!("{{\"election\":\"watched\",\"leader\":\"node \\\"a\\\"\",\"epoch\":{epoch}}}"),
+        Duration::from_secs(10),
+    );
+
+    elect.send_line("done");
+    let status = elect.wait_exit(CALL_TIMEOUT).expect("elect exited");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    // The resignation is heard at once (a message), not a lease later.
+    watch.expect_line("leader none", Duration::from_secs(5));
+
+    send_signal(watch.pid(), libc::SIGINT);
+    let status = watch.wait_exit(CALL_TIMEOUT).expect("the watch ended");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    send_signal(watch_json.pid(), libc::SIGTERM);
+    let status = watch_json.wait_exit(CALL_TIMEOUT).expect("the watch ended");
+    assert_eq!(status.code(), Some(0), "{status:?}");
 }

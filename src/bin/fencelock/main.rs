@@ -1,4 +1,5 @@
-//! `fencelock`: run a command under a distributed lock, look at a lock, break one.
+//! `fencelock`: run a command under a distributed lock, look at a lock, break one; run a command
+//! while leading an election, ask who leads.
 //!
 //! Built with the `cli` feature (`cargo install fencelock --features cli`), so that library
 //! users never build its dependencies. `docs/cli.md` is the user's guide; `fencelock --help`
@@ -6,6 +7,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod elect;
 mod format;
 mod run;
 mod signals;
@@ -36,20 +38,25 @@ Redis URLs (--url):
   rediss://, rediss+sentinel://, rediss+cluster://, rediss+quorum://  the same over TLS
 
 Exit statuses:
-  0       success (run: CMD exited with 0)
-  1       fencelock failed: Redis unreachable, not answering in time (run --timeout: within
-          DUR plus the connection timeout), refused the connection or replied with an error
-  2       bad command line: an unknown option, a bad duration, a key, namespace, URL or lease
-          that fencelock refuses
-  75      run: Redis said the lock is held, and it was not granted within --timeout
+  0       success (run, elect: CMD exited with 0; leader: somebody leads)
+  1       fencelock failed: Redis unreachable, not answering in time (run, elect --timeout:
+          within DUR plus the connection timeout), refused the connection or replied with an
+          error
+  2       bad command line: an unknown option, a bad duration, a key, election name,
+          namespace, URL, lease or value that fencelock refuses
+  3       leader: nobody leads the election
+  75      run: Redis said the lock is held, and it was not granted within --timeout;
+          elect: another candidate led, and this one did not come to lead within --timeout
           (EX_TEMPFAIL)
-  76      run: the lock was lost while CMD ran; CMD was sent SIGTERM (SIGKILL after --grace)
-  126     run: CMD could not be executed
-  127     run: CMD was not found
-  128+N   run: CMD was killed by signal N, or fencelock got signal N while waiting for the lock
-  other   run: CMD's own exit status";
+  76      run: the lock was lost while CMD ran; elect: the leadership was lost while CMD ran;
+          CMD was sent SIGTERM (SIGKILL after --grace)
+  126     run, elect: CMD could not be executed
+  127     run, elect: CMD was not found
+  128+N   run, elect: CMD was killed by signal N, or fencelock got signal N while waiting
+  other   run, elect: CMD's own exit status";
 
-/// Run a command under a distributed lock on Redis, look at a lock, or break one.
+/// Run a command under a distributed lock on Redis, look at a lock, or break one; run a command
+/// while leading an election, or ask who leads.
 #[derive(Debug, Parser)]
 #[command(name = "fencelock", version, after_long_help = AFTER_HELP)]
 struct Cli {
@@ -138,6 +145,33 @@ enum Commands {
         /// The lock's key
         key: String,
     },
+    /// Campaign in the election NAME, run CMD while leading it, and resign when CMD exits.
+    ///
+    /// Candidates lead in the order they came. CMD gets FENCELOCK_EPOCH (the leadership's epoch,
+    /// a fencing token higher than every earlier leader's) and FENCELOCK_ELECTION in its
+    /// environment. fencelock exits with CMD's status. Signals are passed on as by `run`. If
+    /// the leadership is lost while CMD runs, CMD gets SIGTERM, then SIGKILL after --grace, and
+    /// fencelock exits with 76.
+    #[command(
+        override_usage = "fencelock [OPTIONS] elect [--value VALUE] [--lease DUR] [--timeout DUR] [--grace DUR] NAME -- CMD [ARGS]..."
+    )]
+    Elect(ElectArgs),
+    /// Show who leads the election NAME (its value) and the leadership's epoch; exit 3 if
+    /// nobody leads.
+    ///
+    /// With --watch, print a line at every change, the current leader first, until SIGINT,
+    /// SIGTERM or SIGHUP (exit 0).
+    #[command(override_usage = "fencelock [OPTIONS] leader [--json] [--watch] NAME")]
+    Leader {
+        /// Print one JSON object (with --watch, one per line) instead of text
+        #[arg(long)]
+        json: bool,
+        /// Print every change of leader or of its value as it happens, until interrupted
+        #[arg(long)]
+        watch: bool,
+        /// The election's name
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -165,10 +199,42 @@ struct RunArgs {
     command: Vec<OsString>,
 }
 
+#[derive(Debug, Args)]
+struct ElectArgs {
+    /// What this candidate advertises while it leads: `leader` shows it [default: HOSTNAME:PID,
+    /// the host's name and fencelock's process id]
+    #[arg(long, value_name = "VALUE")]
+    value: Option<String>,
+
+    /// How long a leadership lives in Redis without renewal; renewed about every third of it
+    /// while CMD runs, so it is how long the next candidate waits if fencelock dies [default:
+    /// 30s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    lease: Option<Duration>,
+
+    /// Give up (exit 75) if this candidate does not lead within DUR; 0s makes one attempt. If
+    /// Redis does not answer, fencelock exits 1 within DUR plus the connection timeout
+    /// [default: wait as long as it takes]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+
+    /// After the leadership is lost and CMD was sent SIGTERM, how long to wait before SIGKILL
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    grace: Duration,
+
+    /// The election's name
+    name: String,
+
+    /// The command to run and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let lease = match &cli.command {
         Commands::Run(args) => args.lease,
+        Commands::Elect(args) => args.lease,
         _ => None,
     };
     let timeouts = Timeouts {
@@ -181,9 +247,11 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         Commands::Run(args) => run::run(
-            &client,
-            &run::Run {
+            &run::Lock {
+                client,
                 key: args.key,
+            },
+            &run::Run {
                 timeout: args.timeout,
                 connect_timeout: cli.connect_timeout,
                 grace: args.grace,
@@ -192,6 +260,22 @@ fn main() -> ExitCode {
         ),
         Commands::Status { json, key } => status(&client, &key, json),
         Commands::Release { force: _, key } => force_release(&client, &key),
+        Commands::Elect(args) => match client.election(&args.name) {
+            Ok(election) => run::run(
+                &elect::Campaign {
+                    election,
+                    value: args.value.unwrap_or_else(elect::default_value),
+                },
+                &run::Run {
+                    timeout: args.timeout,
+                    connect_timeout: cli.connect_timeout,
+                    grace: args.grace,
+                    command: args.command,
+                },
+            ),
+            Err(e) => exit::report(&e),
+        },
+        Commands::Leader { json, watch, name } => elect::leader(&client, &name, json, watch),
     };
     ExitCode::from(code)
 }
@@ -314,6 +398,8 @@ mod exit {
     pub(crate) const OK: u8 = 0;
     pub(crate) const ERROR: u8 = 1;
     pub(crate) const USAGE: u8 = 2;
+    /// `leader`: nobody leads (as LSB init scripts' `status` says "not running").
+    pub(crate) const NOBODY_LEADS: u8 = 3;
     /// EX_TEMPFAIL of sysexits.h: try again later.
     pub(crate) const TEMPFAIL: u8 = 75;
     pub(crate) const LOST: u8 = 76;
@@ -394,6 +480,58 @@ mod tests {
     }
 
     #[test]
+    fn elect_takes_its_command_after_a_double_dash_and_leader_a_name() {
+        let cli = Cli::try_parse_from([
+            "fencelock",
+            "elect",
+            "--value",
+            "node-a:8080",
+            "--lease",
+            "3s",
+            "--timeout",
+            "0s",
+            "scheduler",
+            "--",
+            "./schedule.sh",
+            "--all",
+        ])
+        .unwrap();
+        let Commands::Elect(args) = cli.command else {
+            panic!("not elect: {cli:?}");
+        };
+        assert_eq!(args.name, "scheduler");
+        assert_eq!(args.value.as_deref(), Some("node-a:8080"));
+        assert_eq!(args.lease, Some(Duration::from_secs(3)));
+        assert_eq!(args.timeout, Some(Duration::ZERO));
+        assert_eq!(args.grace, Duration::from_secs(10));
+        assert_eq!(args.command, ["./schedule.sh", "--all"]);
+
+        let cli = Cli::try_parse_from(["fencelock", "elect", "scheduler", "--", "true"]).unwrap();
+        let Commands::Elect(args) = cli.command else {
+            panic!("not elect: {cli:?}");
+        };
+        assert_eq!((args.value, args.lease, args.timeout), (None, None, None));
+
+        let cli =
+            Cli::try_parse_from(["fencelock", "leader", "--watch", "--json", "scheduler"]).unwrap();
+        let Commands::Leader { json, watch, name } = cli.command else {
+            panic!("not leader: {cli:?}");
+        };
+        assert!(json && watch);
+        assert_eq!(name, "scheduler");
+
+        for bad in [
+            &["fencelock", "elect", "scheduler"][..],
+            &["fencelock", "elect", "scheduler", "true"],
+            &["fencelock", "leader"],
+            &["fencelock", "leader", "a", "b"],
+        ] {
+            let err = Cli::try_parse_from(bad).unwrap_err();
+            assert_eq!(err.exit_code(), i32::from(exit::USAGE), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn the_usage_after_a_missing_argument_shows_only_what_is_required() {
         for (args, usage) in [
             (
@@ -414,6 +552,15 @@ mod tests {
             (
                 &["fencelock", "status", "--connect-timeout", "2s"],
                 "Usage: fencelock [OPTIONS] status [--json] KEY\n",
+            ),
+            (
+                &["fencelock", "elect", "scheduler"],
+                "Usage: fencelock [OPTIONS] elect [--value VALUE] [--lease DUR] [--timeout DUR] \
+                 [--grace DUR] NAME -- CMD [ARGS]...\n",
+            ),
+            (
+                &["fencelock", "leader", "--watch"],
+                "Usage: fencelock [OPTIONS] leader [--json] [--watch] NAME\n",
             ),
         ] {
             let shown = Cli::try_parse_from(args).unwrap_err().render().to_string();

@@ -1,4 +1,5 @@
-//! `fencelock run`: take the lock, run CMD while holding it, release it when CMD exits.
+//! `fencelock run`: take the lock, run CMD while holding it, release it when CMD exits. `elect`
+//! runs through the same steps with the lead of an election for the lock (a [`Target`]).
 //!
 //! ```text
 //! one attempt ─ granted ───────────────────────────────┐
@@ -37,9 +38,8 @@ const REDRAW: Duration = Duration::from_secs(1);
 /// up on Redis itself.
 const SLACK: Duration = Duration::from_millis(200);
 
-/// What `fencelock run` was asked to do.
+/// How `fencelock run` (or `elect`) was asked to wait and to run CMD.
 pub(crate) struct Run {
-    pub(crate) key: String,
     pub(crate) timeout: Option<Duration>,
     /// The client's connection timeout: with `timeout`, how much longer Redis has to answer.
     pub(crate) connect_timeout: Duration,
@@ -47,27 +47,138 @@ pub(crate) struct Run {
     pub(crate) command: Vec<OsString>,
 }
 
-/// Runs CMD under the lock; returns fencelock's exit status.
-pub(crate) fn run(client: &LockClient, run: &Run) -> u8 {
+/// What a run takes before CMD starts and holds while CMD runs: a lock (`run`), or the lead of an
+/// election (`elect`). Messages name it through these methods.
+pub(crate) trait Target: Clone + Send + 'static {
+    /// The lock's guard, or the leadership.
+    type Held: Held;
+
+    /// Takes it: one attempt for `Some(0)`, a wait of at most `timeout`, or (`None`) as long
+    /// as it takes.
+    fn take(
+        &self,
+        timeout: Option<Duration>,
+        options: &LockOptions,
+    ) -> Result<Option<Self::Held>, Error>;
+
+    /// What is waited for: `"job"`, `election "sched"`.
+    fn name(&self) -> String;
+
+    /// Why one attempt did not take it: `"job" is held by another holder`.
+    fn busy(&self) -> String;
+
+    /// Why a wait of `timeout` ended without it.
+    fn not_within(&self, timeout: Duration) -> String;
+
+    /// Who holds it now, for the progress line: `, held with token 17`; empty if unknown.
+    fn holder(&self) -> String;
+
+    /// The variables CMD gets in its environment.
+    fn env(&self, held: &Self::Held) -> Vec<(&'static str, String)>;
+
+    /// What can be lost: `the lock on "job"`.
+    fn what(&self) -> String;
+
+    /// What giving it up after a failure costs: `releasing "job" failed, it expires with its
+    /// lease`.
+    fn give_up_failed(&self) -> String;
+}
+
+/// A lock's guard or a leadership, held while CMD runs.
+pub(crate) trait Held: Send + 'static {
+    fn is_held(&self) -> bool;
+    /// Fires once it is known lost.
+    fn lost(&self) -> &Receiver<()>;
+    /// Releases the lock, or resigns: an error that `is_lock_lost` if it was lost before.
+    fn give_up(self) -> Result<(), Error>;
+}
+
+/// `fencelock run`'s target: the lock on a key.
+#[derive(Clone)]
+pub(crate) struct Lock {
+    pub(crate) client: LockClient,
+    pub(crate) key: String,
+}
+
+impl Target for Lock {
+    type Held = LockGuard;
+
+    fn take(
+        &self,
+        timeout: Option<Duration>,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, Error> {
+        match timeout {
+            Some(timeout) => self.client.try_lock_with(&self.key, timeout, options),
+            None => self.client.lock_with(&self.key, options).map(Some),
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("{:?}", self.key)
+    }
+
+    fn busy(&self) -> String {
+        format!("{:?} is held by another holder", self.key)
+    }
+
+    fn not_within(&self, timeout: Duration) -> String {
+        format!("{:?} was not granted within {}", self.key, human(timeout))
+    }
+
+    fn holder(&self) -> String {
+        match self.client.status(&self.key) {
+            Ok(status) if status.held => match status.token {
+                Some(token) => format!(", held with token {token}"),
+                None => ", held".to_owned(),
+            },
+            Ok(_) => ", free: about to be granted".to_owned(),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn env(&self, guard: &LockGuard) -> Vec<(&'static str, String)> {
+        vec![
+            ("FENCELOCK_TOKEN", guard.token().to_string()),
+            ("FENCELOCK_KEY", self.key.clone()),
+        ]
+    }
+
+    fn what(&self) -> String {
+        format!("the lock on {:?}", self.key)
+    }
+
+    fn give_up_failed(&self) -> String {
+        format!("releasing {:?} failed, it expires with its lease", self.key)
+    }
+}
+
+impl Held for LockGuard {
+    fn is_held(&self) -> bool {
+        LockGuard::is_held(self)
+    }
+
+    fn lost(&self) -> &Receiver<()> {
+        LockGuard::lost(self)
+    }
+
+    fn give_up(self) -> Result<(), Error> {
+        self.unlock()
+    }
+}
+
+/// Runs CMD while holding `target`; returns fencelock's exit status.
+pub(crate) fn run<T: Target>(target: &T, run: &Run) -> u8 {
     if let Err(e) = signals::install() {
         eprintln!("fencelock: cannot handle signals: {e}");
         return exit::ERROR;
     }
-    let guard = match acquire_within(client, run) {
-        Ok(guard) => guard,
+    let held = match acquire_within(target, run) {
+        Ok(held) => held,
         Err(Stop::TimedOut) => {
             match run.timeout.unwrap_or_default() {
-                zero if zero.is_zero() => {
-                    eprintln!(
-                        "fencelock: {:?} is held by another holder; not run",
-                        run.key
-                    );
-                }
-                timeout => eprintln!(
-                    "fencelock: {:?} was not granted within {}; not run",
-                    run.key,
-                    human(timeout)
-                ),
+                zero if zero.is_zero() => eprintln!("fencelock: {}; not run", target.busy()),
+                timeout => eprintln!("fencelock: {}; not run", target.not_within(timeout)),
             }
             return exit::TEMPFAIL;
         }
@@ -78,19 +189,19 @@ pub(crate) fn run(client: &LockClient, run: &Run) -> u8 {
             }
             eprintln!(
                 "fencelock: Redis did not answer within {} (--timeout {} plus the connection \
-                 timeout {}); {:?} not run",
+                 timeout {}); {} not run",
                 human(waited),
                 flag(run.timeout.unwrap_or_default()),
                 human(run.connect_timeout),
-                run.key
+                target.name()
             );
             return exit::ERROR;
         }
         Err(Stop::Signal(signal)) => {
             eprintln!(
-                "fencelock: {} while waiting for {:?}; not run",
+                "fencelock: {} while waiting for {}; not run",
                 signals::name(signal),
-                run.key
+                target.name()
             );
             return exit::by_signal(signal);
         }
@@ -107,10 +218,7 @@ pub(crate) fn run(client: &LockClient, run: &Run) -> u8 {
         return exit::USAGE;
     };
     let mut command = Command::new(program);
-    command
-        .args(args)
-        .env("FENCELOCK_TOKEN", guard.token().to_string())
-        .env("FENCELOCK_KEY", &run.key);
+    command.args(args).envs(target.env(&held));
     signals::terminate_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -120,48 +228,45 @@ pub(crate) fn run(client: &LockClient, run: &Run) -> u8 {
                 _ => exit::CANNOT_EXECUTE,
             };
             eprintln!("fencelock: cannot run {program:?}: {e}");
-            release(guard, &run.key);
+            give_up(held, target);
             return status;
         }
     };
 
-    match watch(&mut child, &guard) {
+    match watch(&mut child, &held) {
         Watched::Exited(status) => {
             let code = exit::of(status);
-            match guard.unlock() {
+            match held.give_up() {
                 Ok(()) => code,
                 Err(e) if e.is_lock_lost() => {
                     eprintln!(
-                        "fencelock: the lock on {:?} was lost before {program:?} exited ({})",
-                        run.key,
+                        "fencelock: {} was lost before {program:?} exited ({})",
+                        target.what(),
                         describe(status)
                     );
                     exit::LOST
                 }
                 Err(e) => {
-                    eprintln!(
-                        "fencelock: releasing {:?} failed, it expires with its lease: {e}",
-                        run.key
-                    );
+                    eprintln!("fencelock: {}: {e}", target.give_up_failed());
                     code
                 }
             }
         }
         Watched::Lost => {
             eprintln!(
-                "fencelock: lost the lock on {:?} while {program:?} ran; sending it SIGTERM",
-                run.key
+                "fencelock: lost {} while {program:?} ran; sending it SIGTERM",
+                target.what()
             );
             stop(&mut child, run.grace, program);
-            // The lock is another's or gone: this release finds nothing of ours to delete.
-            let _ = guard.unlock();
+            // It is another's or gone: this release finds nothing of ours to delete.
+            let _ = held.give_up();
             exit::LOST
         }
         Watched::Unwatchable(e) => {
             eprintln!("fencelock: cannot watch {program:?} ({e}); killing it");
             let _ = child.kill();
             let _ = child.wait();
-            release(guard, &run.key);
+            give_up(held, target);
             exit::ERROR
         }
     }
@@ -195,21 +300,22 @@ impl From<Error> for Stop {
 /// `--timeout 0s` for that long. So the lock is taken on a thread of its own, and given up
 /// at the bound. A request sent just before Redis stopped may still grant the lock when it
 /// wakes; nobody renews that grant, and it expires with its lease.
-fn acquire_within(client: &LockClient, run: &Run) -> Result<LockGuard, Stop> {
+fn acquire_within<T: Target>(target: &T, run: &Run) -> Result<T::Held, Stop> {
     let started = Instant::now();
     let Some(timeout) = run.timeout else {
-        return acquire(client, &run.key, None, started);
+        return acquire(target, None, started);
     };
     let bound = timeout
         .saturating_add(run.connect_timeout)
         .saturating_add(SLACK);
     let (answer, answered) = crossbeam_channel::bounded(1);
-    let (client, key) = (client.clone(), run.key.clone());
+    let target = target.clone();
     thread::Builder::new()
         .name("fencelock-acquire".into())
         .spawn(move || {
-            // Sent into the void after the bound: the guard drops, releasing the lock.
-            let _ = answer.send(acquire(&client, &key, Some(timeout), started));
+            // Sent into the void after the bound: the guard (leadership) drops, releasing the
+            // lock (resigning).
+            let _ = answer.send(acquire(&target, Some(timeout), started));
         })
         .map_err(Stop::Thread)?;
     match answered.recv_timeout(bound.saturating_sub(started.elapsed())) {
@@ -221,16 +327,15 @@ fn acquire_within(client: &LockClient, run: &Run) -> Result<LockGuard, Stop> {
     }
 }
 
-/// Takes the lock: one attempt, then (refused) a wait that a signal cancels, shown on a
+/// Takes the target: one attempt, then (refused) a wait that a signal cancels, shown on a
 /// terminal while it lasts.
-fn acquire(
-    client: &LockClient,
-    key: &str,
+fn acquire<T: Target>(
+    target: &T,
     timeout: Option<Duration>,
     started: Instant,
-) -> Result<LockGuard, Stop> {
-    if let Some(guard) = client.try_lock(key, Duration::ZERO)? {
-        return Ok(guard);
+) -> Result<T::Held, Stop> {
+    if let Some(held) = target.take(Some(Duration::ZERO), &LockOptions::new())? {
+        return Ok(held);
     }
     if timeout == Some(Duration::ZERO) {
         return Err(Stop::TimedOut);
@@ -246,20 +351,15 @@ fn acquire(
             .map_err(Stop::Thread)?
     };
     let progress = std::io::stderr().is_terminal().then(|| {
-        let (client, key) = (client.clone(), key.to_owned());
+        let target = target.clone();
         thread::Builder::new()
             .name("fencelock-progress".into())
-            .spawn(move || show_progress(&client, &key, started, &finished))
+            .spawn(move || show_progress(&target, started, &finished))
     });
 
     let options = LockOptions::new().cancel(cancelled);
-    let got = match timeout {
-        Some(timeout) => {
-            let left = timeout.saturating_sub(started.elapsed());
-            client.try_lock_with(key, left, &options)
-        }
-        None => client.lock_with(key, &options).map(Some),
-    };
+    let left = timeout.map(|timeout| timeout.saturating_sub(started.elapsed()));
+    let got = target.take(left, &options);
     drop(done);
     let signal = watcher.join().unwrap_or(None);
     if let Some(Ok(progress)) = progress {
@@ -267,11 +367,11 @@ fn acquire(
     }
     match (got, signal) {
         // A signal that came as the lock was granted still stops the run.
-        (Ok(Some(guard)), Some(signal)) => {
-            release(guard, key);
+        (Ok(Some(held)), Some(signal)) => {
+            give_up(held, target);
             Err(Stop::Signal(signal))
         }
-        (Ok(Some(guard)), None) => Ok(guard),
+        (Ok(Some(held)), None) => Ok(held),
         (Ok(None), _) => Err(Stop::TimedOut),
         (Err(e), Some(signal)) if e.is_cancelled() => Err(Stop::Signal(signal)),
         (Err(e), _) => Err(Stop::Failed(e)),
@@ -295,23 +395,17 @@ fn watch_signals(cancel: &Sender<()>, finished: &Receiver<()>) -> Option<libc::c
 
 /// Shows on stderr (a terminal) what the wait is for, drawn again about every second in place:
 /// the key, the holder's token, how long it has waited. Clears the line at the end.
-fn show_progress(client: &LockClient, key: &str, started: Instant, finished: &Receiver<()>) {
+fn show_progress<T: Target>(target: &T, started: Instant, finished: &Receiver<()>) {
     let mut stderr = std::io::stderr();
+    let name = target.name();
     // Drawn on the second since the start, whatever a draw takes: each shows the next second.
     let mut next = Instant::now();
     loop {
-        let holder = match client.status(key) {
-            Ok(status) if status.held => match status.token {
-                Some(token) => format!(", held with token {token}"),
-                None => ", held".to_owned(),
-            },
-            Ok(_) => ", free: about to be granted".to_owned(),
-            Err(_) => String::new(),
-        };
+        let holder = target.holder();
         // Nothing to do if the terminal is gone.
         let _ = write!(
             stderr,
-            "\r\x1b[2Kfencelock: waiting for {key:?}{holder} ({})",
+            "\r\x1b[2Kfencelock: waiting for {name}{holder} ({})",
             seconds(started.elapsed())
         );
         let _ = stderr.flush();
@@ -336,7 +430,7 @@ enum Watched {
 }
 
 /// Watches CMD until it exits or the lock is lost, passing on signals meanwhile.
-fn watch(child: &mut Child, guard: &LockGuard) -> Watched {
+fn watch(child: &mut Child, held: &impl Held) -> Watched {
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return Watched::Exited(status),
@@ -344,10 +438,10 @@ fn watch(child: &mut Child, guard: &LockGuard) -> Watched {
             Err(e) => return Watched::Unwatchable(e),
         }
         pass_on(child);
-        if !guard.is_held() {
+        if !held.is_held() {
             return Watched::Lost;
         }
-        match guard.lost().recv_timeout(POLL) {
+        match held.lost().recv_timeout(POLL) {
             Err(RecvTimeoutError::Timeout) => {}
             // Sent or disconnected: either means lost.
             _ => return Watched::Lost,
@@ -389,10 +483,11 @@ fn stop(child: &mut Child, grace: Duration, program: &OsString) {
     let _ = child.wait();
 }
 
-/// Releases a lock no command ran under (or none will): failures only cost its lease.
-fn release(guard: LockGuard, key: &str) {
-    if let Err(e) = guard.unlock() {
-        eprintln!("fencelock: releasing {key:?} failed, it expires with its lease: {e}");
+/// Releases a lock no command ran under (or none will), or resigns such a leadership: failures
+/// only cost its lease.
+fn give_up<T: Target>(held: T::Held, target: &T) {
+    if let Err(e) = held.give_up() {
+        eprintln!("fencelock: {}: {e}", target.give_up_failed());
     }
 }
 

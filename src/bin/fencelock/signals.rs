@@ -4,7 +4,8 @@
 //!
 //! The only unsafe code of the tool is here: `sigaction`, `kill` and `prctl` through `libc`,
 //! which std does not offer (std's `Child::kill` sends SIGKILL only, and std installs no
-//! handlers).
+//! handlers), and `gethostname` for `elect`'s default value, kept beside them so that one file
+//! holds every system call std lacks.
 
 use std::io;
 use std::process::{Child, Command};
@@ -147,4 +148,23 @@ pub(crate) fn name(signal: c_int) -> String {
         libc::SIGTERM => "SIGTERM".into(),
         other => format!("signal {other}"),
     }
+}
+
+/// The machine's host name, for `elect`'s default value: `None` if it cannot be read or is not
+/// UTF-8.
+pub(crate) fn hostname() -> Option<String> {
+    // Host names are at most 255 bytes (HOST_NAME_MAX is 64 on Linux); one more for the NUL.
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`, which we own and which
+    // lives across the call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    // A name that fills the buffer may come without its NUL: it ends at the buffer's end.
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    std::str::from_utf8(&buf[..end])
+        .ok()
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
 }
