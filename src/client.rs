@@ -611,7 +611,14 @@ impl LockClient {
     /// [`Error::InvalidArgument`] for a name a key could not be (empty, or longer than
     /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN)). Nothing is sent to Redis.
     pub fn election(&self, name: &str) -> Result<Election> {
-        let mut keys = LockKeys::election(&self.shared.config.namespace, name)?;
+        let mut keys =
+            LockKeys::election(&self.shared.config.namespace, name).map_err(|e| match e {
+                Error::InvalidArgument { reason, .. } => Error::InvalidArgument {
+                    what: "election name",
+                    reason,
+                },
+                e => e,
+            })?;
         keys.set_idle_expiry(self.shared.config.idle_expiry);
         Ok(Election::new(self.clone(), keys))
     }
