@@ -30,10 +30,16 @@
 //!   and of the commands it calls (SLOWLOG);
 //! - `multi`: `lock_all` of 1, 2, 4 and 8 keys + `unlock`, uncontended, against that many `lock`
 //!   calls one after another and as many unlocks (U iterations, at most 1000, for each size);
+//!   then contended: 4 threads over 2 clients take the same keys both ways, sets per second
+//!   (about 4 s for each size, at most D_MS);
 //! - `handoff`: a holder releases while one waiter is blocked in `lock()`: release-to-grant
 //!   latency, fencelock (waiter on another client, and on the same client), the same handoff on
 //!   plain connections (release script with PUBLISH, waiter on its own SUBSCRIBE connection,
 //!   then one acquire script: the physical limit), and the baseline;
+//! - `election`: failover to a waiting candidate of another client after the leader's
+//!   `resign()` (E samples) and after it crashed (EC samples, `E_LEASE_MS` lease, renewal off),
+//!   beside a lock handoff of the same run; an observer's delay from `proclaim()` and from
+//!   `resign()` to its `changes()`, beside a script's PUBLISH to a plain SUBSCRIBE connection;
 //! - `contention`: T threads over C clients on one key, critical section S, think time W; runs
 //!   with W, with no think time, 1 ms critical sections back to back, and the baseline;
 //! - `pool`: N workers take jobs, each locks one of K keys and does a short fenced write;
@@ -90,6 +96,9 @@
 //! | `RTT` | 10000 | samples of each round-trip baseline |
 //! | `IK` | 10000 | idle: keys locked once each |
 //! | `RECORDER` | 0 | 1: with `--features metrics`, record into `metrics-util`'s `DebuggingRecorder` (never read) rather than the facade's no-op |
+//! | `E` | 300 | election: failovers after a resignation, and proclamations observed |
+//! | `EC` | 40 | election: failovers after a crash (each at least a lease long; half as many with no candidate) |
+//! | `E_LEASE_MS` | 200 | election: the crashed leader's lease, ms |
 //! | `PG_ROUNDS` | 3 | pg: rounds of fencelock then PostgreSQL (H handoffs, U lock + unlock, D_MS of contention each) |
 //!
 //! How things are measured is told where it is done:
@@ -101,13 +110,14 @@
 //! - `server`: the throwaway redis-server and what is read from it (`INFO`);
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
-//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `contention`, `pool`, `renewal`,
+//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `contention`, `pool`, `renewal`,
 //!   `idle`, `pg`, `sentinel`, `cluster`, `quorum`, `tls`, and `baseline` (the hand-written lock
 //!   they compare with).
 
 mod baseline;
 mod cluster;
 mod contention;
+mod election;
 mod handoff;
 mod idle;
 mod measure;
@@ -202,6 +212,9 @@ fn main() {
     }
     if p.selected("handoff") {
         handoff::run(&server, &p, &mut r);
+    }
+    if p.selected("election") {
+        election::run(&server, &p, &mut r);
     }
     if p.selected("contention") {
         contention::run(&server, &p, &mut r);

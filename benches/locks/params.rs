@@ -26,6 +26,12 @@ pub struct Params {
     pub pg_rounds: usize,
     /// One run of the quorum-minority workload (`M_MS`).
     pub minority: Duration,
+    /// election: failovers after a resignation, and proclamations observed (`E`).
+    pub elections: usize,
+    /// election: failovers after a crash (`EC`), each at least a lease long.
+    pub crashes: usize,
+    /// election: the crashed leader's lease (`E_LEASE_MS`).
+    pub crash_lease: Duration,
 }
 
 impl Params {
@@ -80,6 +86,9 @@ impl Params {
             recorder: get("RECORDER", 0) != 0,
             pg_rounds: get("PG_ROUNDS", 3).max(1) as usize,
             minority: Duration::from_millis(get("M_MS", 2000).max(100)),
+            elections: get("E", 300).max(5) as usize,
+            crashes: get("EC", 40).max(3) as usize,
+            crash_lease: Duration::from_millis(get("E_LEASE_MS", 200).clamp(10, 10_000)),
         }
     }
 
