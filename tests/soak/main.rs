@@ -68,22 +68,23 @@ fn a_short_sentinel_soak_with_failovers_keeps_tokens_rising_and_the_store_safe()
     };
     let report = run(&mut SentinelOf::start(true), &config);
     report.print(&config);
-    assert_enough_happened(&report);
+    // A failover takes seconds to settle: two faults in 15 s are what fits.
+    assert_enough_happened(&report, 2);
     assert_eq!(report.token_regressions, 0, "{report:?}");
     assert_eq!(report.stale_writes_accepted, 0, "{report:?}");
 }
 
 /// Enough happened for the soak to prove something, and nothing broke a promise.
 fn assert_every_promise_kept(report: &SoakReport) {
-    assert_enough_happened(report);
+    assert_enough_happened(report, 5);
     assert_eq!(report.overlaps, 0, "{report:?}");
     assert_eq!(report.token_regressions, 0, "{report:?}");
     assert_eq!(report.stale_writes_accepted, 0, "{report:?}");
 }
 
-fn assert_enough_happened(report: &SoakReport) {
+fn assert_enough_happened(report: &SoakReport, min_faults: u64) {
     let faults: u64 = report.faults.iter().map(|(_, n)| n).sum();
-    assert!(faults >= 5, "only {faults} faults injected");
+    assert!(faults >= min_faults, "only {faults} faults injected");
     assert!(
         report.grants >= 100,
         "only {} grants: the soak proves little",
