@@ -9,6 +9,7 @@
 //! `#[path = "../tests/support/mod.rs"] mod support;`, and by the benches with
 //! `#[path = "../../tests/support/mod.rs"] mod support;` (in `benches/locks/server.rs`).
 
+pub mod clock;
 pub mod cluster;
 pub mod faults;
 pub mod fenced_workload;
@@ -324,6 +325,8 @@ struct ServerProcess {
     dir: PathBuf,
     bin: OsString,
     args: Vec<OsString>,
+    /// Set in its environment (a clock shim's, say), at every start.
+    env: Vec<(OsString, OsString)>,
     /// What it is, for messages: "redis-server", "sentinel".
     what: &'static str,
 }
@@ -345,6 +348,7 @@ impl ServerProcess {
         dir: PathBuf,
         access: &Access,
         hint: &str,
+        env: &[(OsString, OsString)],
         mut args_for: impl FnMut(u16) -> Vec<OsString>,
     ) -> ServerProcess {
         let bin = redis_bin();
@@ -353,7 +357,7 @@ impl ServerProcess {
             let port = free_port();
             let args = args_for(port);
             let log_offset = file_len(&dir.join("redis.log"));
-            let mut child = match spawn_server(&bin, &dir, &args, what) {
+            let mut child = match spawn_server(&bin, &dir, &args, env, what) {
                 Ok(child) => child,
                 Err(msg) => {
                     let _ = fs::remove_dir_all(&dir);
@@ -369,6 +373,7 @@ impl ServerProcess {
                         dir,
                         bin,
                         args,
+                        env: env.to_vec(),
                         what,
                     };
                 }
@@ -403,7 +408,7 @@ impl ServerProcess {
         let mut attempts = Vec::new();
         for attempt in 1..=RESTART_TRIES {
             let log_offset = file_len(&self.dir.join("redis.log"));
-            let mut child = spawn_server(&self.bin, &self.dir, &self.args, self.what)
+            let mut child = spawn_server(&self.bin, &self.dir, &self.args, &self.env, self.what)
                 .unwrap_or_else(|msg| panic!("{msg}"));
             match wait_ready(&mut child, self.port, &self.dir, log_offset, access) {
                 Readiness::Ready => {
@@ -496,6 +501,7 @@ fn spawn_server(
     bin: &OsString,
     dir: &Path,
     args: &[OsString],
+    env: &[(OsString, OsString)],
     what: &str,
 ) -> Result<process::Child, String> {
     let stdio_path = dir.join("redis.stdio");
@@ -509,6 +515,7 @@ fn spawn_server(
         .unwrap_or_else(|e| panic!("cannot clone a file handle: {e}"));
     Command::new(bin)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(stdio)
         .stderr(stdio_err)
@@ -655,6 +662,8 @@ pub struct ServerOptions {
     /// How the test's connections log in: the password that `args` set with `--requirepass`,
     /// say, and for [`Listen::TlsOnly`] the CA of the server's certificate.
     pub access: Access,
+    /// Set in the server's environment (see `clock.rs`).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 impl RedisServer {
@@ -702,6 +711,7 @@ impl RedisServer {
             args,
             listen,
             access,
+            env,
         } = options;
         assert!(
             (*listen == Listen::TlsOnly) == access.tls_ca.is_some(),
@@ -714,35 +724,36 @@ impl RedisServer {
         } else {
             " (a redis-server built without TLS support refuses --tls-port)"
         };
-        let process = ServerProcess::start("redis-server", dir.clone(), access, hint, |port| {
-            let (plain, tls) = match listen {
-                Listen::Plain => (port, None),
-                // A taken TLS port fails the start as a taken plain port does: both are new
-                // per try.
-                Listen::PlainAndTls => (port, Some(free_port())),
-                Listen::TlsOnly => (0, Some(port)),
-            };
-            tls_port = tls;
-            let mut all: Vec<OsString> = vec![
-                "--port".into(),
-                plain.to_string().into(),
-                "--bind".into(),
-                "127.0.0.1".into(),
-                "--dir".into(),
-                dir.clone().into(),
-                "--logfile".into(),
-                dir.join("redis.log").into(),
-            ];
-            for arg in ["--save", "", "--appendonly", "no", "--daemonize", "no"] {
-                all.push(arg.into());
-            }
-            all.extend(per_try().into_iter().map(OsString::from));
-            all.extend(args.iter().map(OsString::from));
-            if let Some(tls) = tls {
-                all.extend(["--tls-port".into(), tls.to_string().into()]);
-            }
-            all
-        });
+        let process =
+            ServerProcess::start("redis-server", dir.clone(), access, hint, env, |port| {
+                let (plain, tls) = match listen {
+                    Listen::Plain => (port, None),
+                    // A taken TLS port fails the start as a taken plain port does: both are new
+                    // per try.
+                    Listen::PlainAndTls => (port, Some(free_port())),
+                    Listen::TlsOnly => (0, Some(port)),
+                };
+                tls_port = tls;
+                let mut all: Vec<OsString> = vec![
+                    "--port".into(),
+                    plain.to_string().into(),
+                    "--bind".into(),
+                    "127.0.0.1".into(),
+                    "--dir".into(),
+                    dir.clone().into(),
+                    "--logfile".into(),
+                    dir.join("redis.log").into(),
+                ];
+                for arg in ["--save", "", "--appendonly", "no", "--daemonize", "no"] {
+                    all.push(arg.into());
+                }
+                all.extend(per_try().into_iter().map(OsString::from));
+                all.extend(args.iter().map(OsString::from));
+                if let Some(tls) = tls {
+                    all.extend(["--tls-port".into(), tls.to_string().into()]);
+                }
+                all
+            });
         RedisServer {
             process,
             tls_port,

@@ -103,12 +103,13 @@ impl Sentinel {
         } else {
             " (a redis-server built without TLS support refuses tls-port)"
         };
-        let process = ServerProcess::start("sentinel", dir.clone(), &settings.own, hint, |port| {
-            // Written afresh on every try: a sentinel that started rewrote it.
-            fs::write(&conf, sentinel_conf(port, &dir, settings))
-                .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
-            vec![conf.clone().into(), "--sentinel".into()]
-        });
+        let process =
+            ServerProcess::start("sentinel", dir.clone(), &settings.own, hint, &[], |port| {
+                // Written afresh on every try: a sentinel that started rewrote it.
+                fs::write(&conf, sentinel_conf(port, &dir, settings))
+                    .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
+                vec![conf.clone().into(), "--sentinel".into()]
+            });
         Sentinel {
             process,
             paused: AtomicBool::new(false),
@@ -447,6 +448,7 @@ impl SentinelSetBuilder {
                 Listen::Plain
             },
             access: data_access.clone(),
+            env: Vec::new(),
         };
         let mut set = SentinelSet {
             sentinels: Vec::new(),
