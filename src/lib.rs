@@ -370,6 +370,7 @@ mod client;
 mod guard;
 mod multi;
 mod reentrant;
+mod semaphore;
 // The client's shared core, and the seam behind which each deployment lives.
 mod engine;
 mod shared;
@@ -403,6 +404,7 @@ pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
+pub use crate::semaphore::{Permit, Semaphore, SemaphoreStatus};
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;
 pub use crate::topology::{Topology, QUORUM_MIN_NODES, SENTINEL_PORT};
