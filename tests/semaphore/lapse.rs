@@ -1,0 +1,78 @@
+//! A holder cut off from Redis: its permit comes back within its lease, the holder hears of
+//! the loss by then, and its late release harms nobody.
+
+use std::time::{Duration, Instant};
+
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::{lock_client, lock_client_at, ms, RedisServer};
+
+#[test]
+fn the_permit_of_a_holder_cut_off_comes_back_within_its_lease() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let lease = ms(600);
+    let cut_off = fencelock::LockClient::builder(proxy.url())
+        .namespace(crate::support::NAMESPACE)
+        .lease(lease)
+        .response_timeout(ms(200))
+        .build()
+        .unwrap();
+    let other = lock_client(&server, 5_000);
+    let mine = cut_off.semaphore("slots", 2).unwrap();
+    let theirs = other.semaphore("slots", 2).unwrap();
+    let stale = mine.acquire().unwrap();
+    let kept = theirs.acquire().unwrap();
+    assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
+
+    // Renewal gets no reply from now on: the permit key runs out in Redis.
+    proxy.set_mode(Mode::Blackhole);
+    let cut = Instant::now();
+    let back = theirs
+        .try_acquire(Duration::from_secs(10))
+        .unwrap()
+        .expect("the permit came back");
+    let took = cut.elapsed();
+    // Within the lease, and a waiter's look after it: loose, against a loaded machine.
+    assert!(took < lease + ms(1_500), "came back after {took:?}");
+    assert!(back.token() > stale.token() && back.token() > kept.token());
+    // The holder knew before Redis let the permit go: its local deadline is earlier.
+    assert!(
+        stale.lost().recv_timeout(Duration::ZERO).is_ok(),
+        "no loss signal by the time the permit was granted again"
+    );
+    assert!(!stale.is_held());
+    // Still never more than two.
+    assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
+    let status = theirs.status().unwrap();
+    assert_eq!((status.held, status.available()), (2, 0));
+
+    // The stale permit's drop sends nothing (it is known lost) and frees nobody's.
+    drop(stale);
+    assert_eq!(theirs.status().unwrap().held, 2);
+    drop(kept);
+    drop(back);
+    assert_eq!(theirs.status().unwrap().held, 0);
+}
+
+#[test]
+fn a_release_after_the_lease_ran_out_is_lock_lost_and_frees_nobody_elses() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let lease = ms(400);
+    let cut_off = lock_client_at(&proxy.url(), 400);
+    let other = lock_client(&server, 5_000);
+    let stale = cut_off.semaphore("one", 1).unwrap().acquire().unwrap();
+    proxy.set_mode(Mode::Blackhole);
+    let theirs = other.semaphore("one", 1).unwrap();
+    let fresh = theirs
+        .try_acquire(lease * 10)
+        .unwrap()
+        .expect("the permit came back");
+    proxy.set_mode(Mode::Reset);
+    proxy.set_mode(Mode::Pass);
+    let err = stale.release().unwrap_err();
+    assert!(err.is_lock_lost(), "{err:?}");
+    assert!(fresh.is_held());
+    assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
+    fresh.release().unwrap();
+}
