@@ -12,4 +12,5 @@ mod faults;
 mod harness;
 mod lock_all;
 mod routing;
+mod semaphore;
 mod wake;
