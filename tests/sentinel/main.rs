@@ -12,3 +12,4 @@ mod auth;
 mod failover;
 mod follow_master;
 mod harness;
+mod semaphore;
