@@ -281,3 +281,23 @@ impl SemaphoreStatus {
         u64::from(self.permits).saturating_sub(self.held)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::LockClient;
+
+    #[test]
+    fn an_engine_without_semaphores_refuses_them_without_panicking() {
+        let (client, _fake) = LockClient::over_fake("ns");
+        let err = client.semaphore("uploads", 4).unwrap_err();
+        assert!(err.is_invalid_argument(), "{err:?}");
+        assert!(client.semaphore("", 4).unwrap_err().is_invalid_argument());
+        // Nothing reaches the engine's lock calls either.
+        assert!(client
+            .try_lock("uploads", Duration::ZERO)
+            .unwrap()
+            .is_some());
+    }
+}

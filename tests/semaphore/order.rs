@@ -116,3 +116,41 @@ fn threads_of_one_client_all_get_permits_freed_at_once() {
     assert_eq!(pool.status().unwrap().held, 3);
     drop(permits);
 }
+
+#[test]
+fn a_free_permit_owed_to_an_earlier_waiter_is_not_taken_by_a_newcomer() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 5_000);
+    let pool = client.semaphore("owed", 1).unwrap();
+    drop(pool.acquire().unwrap());
+    // A waiter of another client stands in the queue, live for a minute, while the permit is
+    // free: as after a holder's lease ran out, before that waiter asked again.
+    let mut con = server.connection();
+    let now: (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let expiry = now.0 * 1000 + now.1 / 1000 + 60_000;
+    let _: () = redis::pipe()
+        .cmd("RPUSH")
+        .arg("test:queue:{%Sowed}")
+        .arg("other:1")
+        .ignore()
+        .cmd("HSET")
+        .arg("test:waiters:{%Sowed}")
+        .arg("other:1")
+        .arg(format!("{expiry} 5000"))
+        .ignore()
+        .query(&mut con)
+        .unwrap();
+    let status = pool.status().unwrap();
+    assert_eq!((status.held, status.waiters), (0, 1));
+    assert!(
+        pool.try_acquire(Duration::ZERO).unwrap().is_none(),
+        "a newcomer took the permit owed to the waiter before it"
+    );
+    // That waiter gone (its entry run out), the permit is anyone's.
+    let _: () = redis::cmd("HDEL")
+        .arg("test:waiters:{%Sowed}")
+        .arg("other:1")
+        .query(&mut con)
+        .unwrap();
+    assert!(pool.try_acquire(Duration::ZERO).unwrap().is_some());
+}
