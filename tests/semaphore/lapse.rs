@@ -76,3 +76,57 @@ fn a_release_after_the_lease_ran_out_is_lock_lost_and_frees_nobody_elses() {
     assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
     fresh.release().unwrap();
 }
+
+#[test]
+fn what_a_holder_cut_off_leaves_behind_goes_at_the_next_call() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let cut_off = lock_client_at(&proxy.url(), 300);
+    let other = lock_client(&server, 5_000);
+    let stale = cut_off.semaphore("left", 2).unwrap().acquire().unwrap();
+    proxy.set_mode(Mode::Blackhole);
+    assert!(
+        stale.lost().recv_timeout(Duration::from_secs(5)).is_ok(),
+        "no loss signal"
+    );
+    let mut con = server.connection();
+    crate::support::poll_until(Duration::from_secs(5), ms(10), || {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("test:limit:{%Sleft}")
+            .query(&mut con)
+            .map_err(|e| e.to_string())?;
+        let permits: u64 = redis::cmd("EVAL")
+            .arg("return #redis.call('KEYS', 'test:permit:*')")
+            .arg(0)
+            .query(&mut con)
+            .map_err(|e| e.to_string())?;
+        if exists && permits == 0 {
+            Ok(())
+        } else {
+            Err(format!("count stored: {exists}, permit keys: {permits}"))
+        }
+    })
+    .unwrap();
+    // The holder's member and the count are left behind; nobody holds or waits, so another
+    // count is in force from the next call on, and that call prunes the member.
+    let three = other.semaphore("left", 3).unwrap();
+    let status = three.status().unwrap();
+    assert_eq!((status.held, status.waiters), (0, 0));
+    let permits: Vec<_> = (0..3)
+        .map(|_| {
+            three
+                .try_acquire(Duration::ZERO)
+                .unwrap()
+                .expect("a permit")
+        })
+        .collect();
+    let members: u64 = redis::cmd("ZCARD")
+        .arg("test:permits:{%Sleft}")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(members, 3);
+    drop(permits);
+    drop(stale);
+    let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
+    assert_eq!(keys, vec!["test:fence:{%Sleft}".to_owned()]);
+}
