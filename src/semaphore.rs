@@ -84,7 +84,9 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the semaphore is in use with
     /// another count of permits (see [One count per name](Semaphore#one-count-per-name)).
-    /// Connection errors, timeouts and Redis errors end the wait, as for
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated) with
+    /// [`min_replica_acks`](crate::Builder::min_replica_acks), when too few replicas
+    /// acknowledged the grant (it was given back). Connection errors, timeouts and Redis errors end the wait, as for
     /// [`LockClient::lock`](crate::LockClient::lock): on Sentinel or Cluster an attempt rides a
     /// failover for up to 60 s.
     pub fn acquire(&self) -> Result<Permit> {

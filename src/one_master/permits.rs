@@ -9,10 +9,10 @@
 //! permit may be free for it.
 //!
 //! Left out, next to a lock: a release does not name our own next waiter (each waiter takes its
-//! turn in Redis' queue, which a release serves), replica acknowledgement is not waited for at
-//! the grant (renewals wait for it as for any grant), and a release or leaving that cannot
-//! reach Redis is not retried in the background: the permit, or the queue entry, runs out with
-//! its lease.
+//! turn in Redis' queue, which a release serves), and a release or leaving that cannot reach
+//! Redis is not retried in the background: the permit, or the queue entry, runs out with its
+//! lease. Replica acknowledgement (`min_replica_acks`) is waited for as for a lock: behind the
+//! grant, or behind one extend for a handoff.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -245,16 +245,34 @@ fn accept(
     lease: Duration,
     handoff: Option<Duration>,
 ) -> Result<Turn> {
+    let acks = m.config.replica_acks;
     let granted = match handoff {
         None => return Ok(Turn::Granted(hold(m, permit, token, sent, lease, lease))),
-        Some(granted) if sent.elapsed() <= granted / 2 => granted,
+        Some(granted) if acks.is_none() && sent.elapsed() <= granted / 2 => granted,
         Some(_) => {
+            // With replica acks: the handoff was written by the releaser, on another
+            // connection, and WAIT counts only what its own connection wrote, so the extend
+            // re-arms the lease on ours and WAITs behind it.
             let sent = Instant::now();
-            let confirmed = m.router.run(permit.lock(), |con, _| {
-                scripts::extend(con, &permit, permit.owner(), lease)
+            let confirmed = m.router.run(permit.lock(), |con, _| match acks {
+                Some(acks) => scripts::extend_acked(con, &permit, permit.owner(), lease, acks)
+                    .map(|(ours, acked)| (ours, Some(acked))),
+                None => {
+                    scripts::extend(con, &permit, permit.owner(), lease).map(|ours| (ours, None))
+                }
             });
-            if let Ok(true) = confirmed {
-                return Ok(Turn::Granted(hold(m, permit, token, sent, lease, lease)));
+            if let Ok((true, acked)) = confirmed {
+                let grant = hold(m, permit, token, sent, lease, lease);
+                return match (acks, acked) {
+                    (Some(acks), Some(acked)) if acked < acks.replicas => {
+                        let _ = m.release_permit(keys, &grant);
+                        Err(Error::NotReplicated {
+                            acked,
+                            required: acks.replicas,
+                        })
+                    }
+                    _ => Ok(Turn::Granted(grant)),
+                };
             }
             // Not ours any more, or not known: give it back in our name (it is passed on if
             // still ours), which also wakes our next waiter.
@@ -265,7 +283,7 @@ fn accept(
                     keys.name()
                 );
             }
-            confirmed?;
+            confirmed.map(drop)?;
             log::debug!(
                 "fencelock: a permit of {:?} (token {token}) came too late to use",
                 keys.name()
@@ -309,6 +327,7 @@ fn attempt(
     queue: JoinQueue,
     deadline: Option<Instant>,
 ) -> Result<Found> {
+    let acks = m.config.replica_acks;
     let (sent, served) = (Instant::now(), Cell::new(None));
     let found = m
         .router
@@ -319,7 +338,7 @@ fn attempt(
                 JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
                 queue => queue,
             };
-            match script::acquire(con, keys, permit, lease, queue) {
+            match script::acquire(con, keys, permit, lease, queue, acks) {
                 Err(e) if e.is_timeout() => {
                     // The script may still run and grant us a permit we are about to report as
                     // not taken: a release sent on the same connection runs after it, whatever
@@ -328,9 +347,22 @@ fn attempt(
                     let _ = script::release(con, keys, permit, Leaving::QueueAndLock);
                     Err(e)
                 }
-                found => found,
+                Err(e) => Err(e),
+                Ok((found, acked)) => match (found, acks, acked) {
+                    (PermitAcquire::Granted(_), Some(acks), Some(acked))
+                        if acked < acks.replicas =>
+                    {
+                        // Too few replicas have it, so a failover could lose it: give it back.
+                        script::release(con, keys, permit, Leaving::Lock)?;
+                        Ok(Err(Error::NotReplicated {
+                            acked,
+                            required: acks.replicas,
+                        }))
+                    }
+                    (found, ..) => Ok(Ok(found)),
+                },
             }
-        })?;
+        })??;
     match found {
         PermitAcquire::Granted(token) => {
             // A cluster master frozen while its replica took over answers when it wakes,

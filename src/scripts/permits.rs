@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use redis::{RedisResult, Script, Value};
 
-use super::{evalsha, run, JoinQueue, Leaving};
+use super::{both, evalsha, pack_wait, run, run_pipeline, JoinQueue, Leaving, ReplicaAcks};
 use crate::key::{millis, PermitKeys};
 use crate::net::wire::Arg;
+use crate::net::wire::Interrupted;
 use crate::token::FencingToken;
 
 pub(crate) static PERMIT_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -47,13 +48,16 @@ fn keys_of<'a>(keys: &'a PermitKeys, permit: &'a str) -> [&'a str; 6] {
 }
 
 /// Runs the acquire script for the owner of `permit` (a permit's names, `PermitKeys::permit`).
+/// With `acks`, a WAIT follows in the same pipeline, as for a lock's acquire: what the script
+/// found and, with `acks`, how many replicas acknowledged.
 pub(crate) fn acquire(
     con: &mut redis::Connection,
     keys: &PermitKeys,
     permit: &crate::key::LockKeys,
     lease: Duration,
     queue: JoinQueue,
-) -> RedisResult<PermitAcquire> {
+    acks: Option<ReplicaAcks>,
+) -> RedisResult<(PermitAcquire, Option<u32>)> {
     let mode = match queue {
         JoinQueue::Never => "0",
         JoinQueue::Join => "1",
@@ -74,12 +78,29 @@ pub(crate) fn acquire(
         &keys_of(keys, permit.lock()),
         &args,
     );
-    let (code, value): (i64, i64) = redis::from_redis_value(run(con, &PERMIT_ACQUIRE, &buf)?)?;
-    Ok(match code {
+    let first = buf.len();
+    let (reply, acked) = match acks {
+        None => (run(con, &PERMIT_ACQUIRE, &buf)?, None),
+        Some(acks) => {
+            pack_wait(&mut buf, acks);
+            let ends = [first, buf.len()];
+            let (reply, acked) = both(run_pipeline(
+                con,
+                &PERMIT_ACQUIRE,
+                &buf,
+                &ends,
+                Interrupted::LeaveUnanswered,
+            )?)?;
+            (reply, Some(redis::from_redis_value(acked)?))
+        }
+    };
+    let (code, value): (i64, i64) = redis::from_redis_value(reply)?;
+    let found = match code {
         1 => PermitAcquire::Granted(token(value)?),
         0 => PermitAcquire::Full(u64::try_from(value).ok().map(Duration::from_millis)),
         _ => PermitAcquire::OtherCount(value.unsigned_abs()),
-    })
+    };
+    Ok((found, acked))
 }
 
 /// What a permit's release found.
