@@ -35,12 +35,14 @@ fn the_permit_of_a_holder_cut_off_comes_back_within_its_lease() {
     // Within the lease, and a waiter's look after it: loose, against a loaded machine.
     assert!(took < lease + ms(1_500), "came back after {took:?}");
     assert!(back.token() > stale.token() && back.token() > kept.token());
-    // The holder knew before Redis let the permit go: its local deadline is earlier.
-    assert!(
-        stale.lost().recv_timeout(Duration::ZERO).is_ok(),
-        "no loss signal by the time the permit was granted again"
-    );
+    // The holder knew before Redis let the permit go: its local deadline is earlier, and
+    // `is_held` reads it. The signal comes from the renewal thread, a little later on a busy
+    // machine.
     assert!(!stale.is_held());
+    assert!(
+        stale.lost().recv_timeout(Duration::from_secs(2)).is_ok(),
+        "no loss signal"
+    );
     // Still never more than two.
     assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
     let status = theirs.status().unwrap();
