@@ -237,7 +237,8 @@ impl Permit {
 
 /// Releases the permit, best effort, in one round trip: failures are logged and the permit then
 /// runs out with its lease. A permit already known lost, or whose Redis the client last failed
-/// to reach, is not waited for: renewal stops, and the permit runs out with its lease.
+/// to reach, is not waited for: renewal stops, and the release is left to a background thread,
+/// as for a [`LockGuard`](crate::LockGuard).
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.released {

@@ -232,7 +232,7 @@ impl OneMaster {
     }
 
     /// See [`Engine::release_permit_detached`](crate::engine::Engine::release_permit_detached).
-    pub(crate) fn release_permit_detached(&self, keys: &PermitKeys, grant: &Arc<Grant>) {
+    pub(crate) fn release_permit_detached(self: &Arc<Self>, keys: &PermitKeys, grant: &Arc<Grant>) {
         let was_held = self.stop(grant);
         permits::release_detached(self, keys, grant, was_held);
     }

@@ -9,9 +9,7 @@
 //! permit may be free for it.
 //!
 //! Left out, next to a lock: a release does not name our own next waiter (each waiter takes its
-//! turn in Redis' queue, which a release serves), and a release or leaving that cannot reach
-//! Redis is not retried in the background: the permit, or the queue entry, runs out with its
-//! lease. Replica acknowledgement (`min_replica_acks`) is waited for as for a lock: behind the
+//! turn in Redis' queue, which a release serves). Replica acknowledgement (`min_replica_acks`) is waited for as for a lock: behind the
 //! grant, or behind one extend for a handoff.
 
 use std::cell::Cell;
@@ -122,10 +120,18 @@ fn turn(
         return found.map(|_| Turn::Deadline);
     }
     if matches!(&found, Err(e) if e.is_connection()) || m.router.unreachable(keys.holders()) {
-        log::debug!(
-            "fencelock: leaving the queue of semaphore {:?} is left to its entry's expiry",
-            keys.name()
-        );
+        // Redis did not answer: leaving here would wait for it again, past the caller's
+        // timeout. The background thread leaves for us; until it gets through, a permit
+        // handed to us meanwhile stays held until its lease runs out.
+        let keys = keys.clone();
+        super::release::later(m, move |m| {
+            if let Err(e) = hand_over(m, &keys, &permit, Leaving::QueueAndLock, None) {
+                log::warn!(
+                    "fencelock: leaving the queue of semaphore {:?} failed: {e}",
+                    keys.name()
+                );
+            }
+        });
         return found.map(|_| Turn::Deadline);
     }
     // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
@@ -443,15 +449,20 @@ pub(super) fn release(
 }
 
 /// A release for a permit's drop, which must not wait for a Redis that stopped answering: a
-/// permit already known lost, or whose master the client last failed to reach, is left to run
-/// out with its lease. Failures are logged, never returned.
-pub(super) fn release_detached(m: &OneMaster, keys: &PermitKeys, grant: &Grant, was_held: bool) {
+/// permit already known lost (nobody waits on its release here), or whose master the client
+/// last failed to reach, is released by the background thread (`release.rs`). Failures are
+/// logged, never returned; the permit then runs out with its lease.
+pub(super) fn release_detached(
+    m: &Arc<OneMaster>,
+    keys: &PermitKeys,
+    grant: &Arc<Grant>,
+    was_held: bool,
+) {
     if !was_held || m.router.unreachable(keys.holders()) {
-        log::debug!(
-            "fencelock: a permit of {:?} (token {}) is left to run out with its lease",
-            keys.name(),
-            grant.token
-        );
+        let (keys, grant) = (keys.clone(), Arc::clone(grant));
+        super::release::later(m, move |m| {
+            let _ = release(m, &keys, &grant, was_held);
+        });
         return;
     }
     // `release` logs what failed.

@@ -48,7 +48,7 @@ fn the_permit_of_a_holder_cut_off_comes_back_within_its_lease() {
     let status = theirs.status().unwrap();
     assert_eq!((status.held, status.available()), (2, 0));
 
-    // The stale permit's drop sends nothing (it is known lost) and frees nobody's.
+    // The stale permit's drop (in the background: it is known lost) frees nobody's.
     drop(stale);
     assert_eq!(theirs.status().unwrap().held, 2);
     drop(kept);
@@ -131,4 +131,39 @@ fn what_a_holder_cut_off_leaves_behind_goes_at_the_next_call() {
     drop(stale);
     let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
     assert_eq!(keys, vec!["test:fence:{%Sleft}".to_owned()]);
+}
+
+#[test]
+fn a_lost_permit_dropped_is_released_by_the_background_thread() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let client = lock_client_at(&proxy.url(), 300);
+    let permit = client
+        .semaphore("background", 1)
+        .unwrap()
+        .acquire()
+        .unwrap();
+    proxy.set_mode(Mode::Reset);
+    assert!(
+        permit.lost().recv_timeout(Duration::from_secs(5)).is_ok(),
+        "no loss signal"
+    );
+    proxy.set_mode(Mode::Pass);
+    let dropped = Instant::now();
+    drop(permit);
+    assert!(dropped.elapsed() < ms(100), "the drop waited for Redis");
+    // Its member of the holders goes without another call on the semaphore.
+    let mut con = server.connection();
+    crate::support::poll_until(Duration::from_secs(5), ms(10), || {
+        let members: u64 = redis::cmd("ZCARD")
+            .arg("test:permits:{%Sbackground}")
+            .query(&mut con)
+            .map_err(|e| e.to_string())?;
+        if members == 0 {
+            Ok(())
+        } else {
+            Err(format!("{members} member(s) left"))
+        }
+    })
+    .unwrap();
 }
