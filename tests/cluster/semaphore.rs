@@ -134,3 +134,50 @@ fn a_release_hands_a_permit_to_another_clients_waiter_on_the_shard_channel() {
     let sharded = command_calls(&mut set.connection(set.index_of_port(master)), "spublish");
     assert!(sharded >= 5, "{sharded} handoffs published on the shard");
 }
+
+/// While the semaphore's slot migrates key by key, a holder's permit key may be on the target
+/// while the holders' set is still on the source: a script that counted there would take the
+/// moved permit for a dead one. None runs: a new permit's key is one of its KEYS and exists
+/// nowhere yet, so Redis answers TRYAGAIN until the migration ends. Never a third of two.
+#[test]
+fn a_slot_migrating_key_by_key_never_lets_a_permit_too_many_through() {
+    let set = ClusterSet::start(3, 0);
+    let (holder, other) = (client(&set, ms(30_000)), client(&set, ms(30_000)));
+    let mine = holder.semaphore("moving", 2).unwrap();
+    let theirs = other.semaphore("moving", 2).unwrap();
+    let held = [mine.acquire().unwrap(), mine.acquire().unwrap()];
+    let slot = ClusterSet::slot_of("sem:permits:{%Smoving}");
+    let source = set.master_of_slot(slot);
+    let target = set
+        .master_ports()
+        .into_iter()
+        .find(|&p| p != source)
+        .unwrap();
+    let permit_keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sem:permit:{%Smoving}:*")
+        .query(&mut set.connection(set.index_of_port(source)))
+        .unwrap();
+    assert_eq!(permit_keys.len(), 2, "{permit_keys:?}");
+
+    set.begin_migration(slot, target);
+    set.migrate_key(slot, &permit_keys[0]);
+    for _ in 0..3 {
+        match theirs.try_acquire(Duration::ZERO) {
+            Ok(None) | Err(_) => {}
+            Ok(Some(permit)) => panic!("a third permit of two: {permit:?}"),
+        }
+    }
+    set.migrate_rest(slot);
+    set.finish_migration(slot);
+    assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
+    let status = theirs.status().unwrap();
+    assert_eq!((status.held, status.permits), (2, 2));
+    assert!(held.iter().all(fencelock::Permit::is_held));
+    let [a, b] = held;
+    a.release().unwrap();
+    let third = theirs
+        .try_acquire(Duration::from_secs(5))
+        .unwrap()
+        .expect("the released permit");
+    drop((b, third));
+}
