@@ -48,7 +48,7 @@ pub(super) fn leave_later(m: &Arc<OneMaster>, keys: LockKeys) {
 }
 
 /// Runs `work` on the background thread of [`release_detached`] (a semaphore's permit,
-/// `permits.rs`, releases and leaves its queue through it).
+/// `permits.rs`, releases and leaves its queue through it); `work` logs what fails.
 pub(super) fn later(m: &Arc<OneMaster>, work: impl FnOnce(&OneMaster) + Send + 'static) {
     in_background(m, Task::Run(Box::new(work)));
 }
@@ -331,14 +331,8 @@ pub(crate) struct Job {
 }
 
 enum Task {
-    Release {
-        grant: Arc<Grant>,
-        was_held: bool,
-    },
-    Leave {
-        keys: LockKeys,
-    },
-    /// Work of its own, which logs what fails.
+    Release { grant: Arc<Grant>, was_held: bool },
+    Leave { keys: LockKeys },
     Run(Box<dyn FnOnce(&OneMaster) + Send>),
 }
 
