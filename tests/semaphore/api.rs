@@ -117,3 +117,63 @@ fn a_quorum_client_refuses_semaphores() {
     assert!(err.is_invalid_argument(), "{err:?}");
     assert!(err.to_string().contains("quorum"), "{err}");
 }
+
+#[test]
+fn a_waiter_alone_keeps_the_count_in_force() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 5_000);
+    let one = client.semaphore("waited", 1).unwrap();
+    let held = one.acquire().unwrap();
+    // Another client's waiter stands in the queue (made by hand), and the holder's lease runs
+    // out (its key deleted by hand): nobody holds, somebody waits.
+    let mut con = server.connection();
+    let now: (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let expiry = now.0 * 1000 + now.1 / 1000 + 60_000;
+    let permit_keys: Vec<String> = redis::cmd("KEYS")
+        .arg("test:permit:*")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::pipe()
+        .cmd("RPUSH")
+        .arg("test:queue:{%Swaited}")
+        .arg("other:1")
+        .ignore()
+        .cmd("HSET")
+        .arg("test:waiters:{%Swaited}")
+        .arg("other:1")
+        .arg(format!("{expiry} 5000"))
+        .ignore()
+        .cmd("DEL")
+        .arg(&permit_keys)
+        .ignore()
+        .query(&mut con)
+        .unwrap();
+    let status = one.status().unwrap();
+    assert_eq!((status.held, status.waiters), (0, 1));
+    let two = client.semaphore("waited", 2).unwrap();
+    let err = two.try_acquire(Duration::ZERO).unwrap_err();
+    assert!(err.to_string().contains("in use with 1 permits"), "{err}");
+    assert!(two.status().unwrap_err().is_invalid_argument());
+    drop(held);
+}
+
+#[test]
+fn any_name_works_and_stays_in_one_slot() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 5_000);
+    for name in ["{x}%", "a}b{c", "nul\0cr\r\nlf", "ключ", "%S"] {
+        let semaphore = client.semaphore(name, 1).unwrap();
+        let permit = semaphore.acquire().unwrap();
+        assert_eq!(permit.name(), name);
+        assert!(semaphore.try_acquire(Duration::ZERO).unwrap().is_none());
+        permit.release().unwrap();
+        assert!(semaphore.try_acquire(Duration::ZERO).unwrap().is_some());
+    }
+    let mut con = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
+    assert_eq!(keys.len(), 5, "{keys:?}");
+    assert!(
+        keys.iter().all(|k| k.starts_with("test:fence:{%S")),
+        "{keys:?}"
+    );
+}
