@@ -45,16 +45,32 @@ if redis.call('GET', permit) == owner then
   redis.call('DEL', permit)
 end
 
-local held, soonest = live_holders(holders, prefix)
+-- The members, dead ones included, bound the live holders from above: while they are fewer than
+-- the count, a permit is free without looking at each. Only a refusal, or a count to check,
+-- counts them one by one (and takes out the dead).
+local held, soonest, exact = redis.call('ZCARD', holders), -1, false
+local function count_exactly()
+  if not exact then
+    held, soonest = live_holders(holders, prefix)
+    exact = true
+  end
+end
 local stored = redis.call('GET', limit)
 if stored ~= count then
-  if stored and (held > 0 or waiting_before(queue, entries, nil, 1) > 0) then
-    return {-1, stored}
+  if stored then
+    count_exactly()
+    if held > 0 or waiting_before(queue, entries, nil, 1) > 0 then
+      return {-1, stored}
+    end
   end
   redis.call('SET', limit, count)
 end
 
 local free = tonumber(count) - held
+if free <= 0 or waiting_before(queue, entries, owner, free) >= free then
+  count_exactly()
+  free = tonumber(count) - held
+end
 if free > 0 and waiting_before(queue, entries, owner, free) < free then
   local token = mint(fence, idle)
   -- The holder before its permit key: should the SET fail, a member without a key counts for
