@@ -16,6 +16,7 @@ use crate::multi::{self, MultiGuard};
 use crate::net::connector::Connector;
 use crate::options::{Deadline, LockOptions};
 use crate::reentrant::{self, ReentrantGuard};
+use crate::semaphore::Semaphore;
 use crate::shared::Shared;
 use crate::status::LockStatus;
 use crate::topology::Topology;
@@ -648,6 +649,33 @@ impl LockClient {
     /// The engine under this client, for the types built over it (elections).
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// A counting semaphore named `name` with `permits` permits: at most that many
+    /// [`Permit`](crate::Permit)s of it are held at once, across every client. No network call:
+    /// the count is checked against the one in force at the first call on the semaphore (see
+    /// [`Semaphore`]).
+    ///
+    /// A semaphore and a lock of the same name are unrelated: they share no key.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let uploads = client.semaphore("uploads", 4)?;
+    /// let permit = uploads.acquire()?;
+    /// println!("upload slot with fencing token {}", permit.token());
+    /// drop(permit); // released
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty name or one longer than
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, or zero permits; and, with `what` =
+    /// `"topology"`, on a client of a quorum of masters (`Topology::quorum`), which cannot
+    /// count permits: permits granted on a majority of masters that each admit N add up to
+    /// nearly 2N.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(Arc::clone(&self.shared), name, permits)
     }
 
     /// Tells clients apart (clones are one client): the address of the shared state, which

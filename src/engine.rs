@@ -9,6 +9,7 @@
 //! | wait | `one_master/wait.rs`: a waiter's states, and handoff by the release script (`one_master/listener.rs` hears other clients') | `quorum/wait.rs`: waiters woken by release messages |
 //! | hold, renew, extend | `one_master/renew.rs`: one thread, pipelined extends per node | `quorum/renew.rs`: one thread, extends on every master, a majority keeps it |
 //! | release | `one_master/release.rs`: hands the lock to the next waiter in the same script | `quorum/release.rs`: deletes on every master, publishes the release |
+//! | a semaphore's permits | `one_master/permits.rs`: the same queues, listener and renewal, with the permit scripts | refused: see [`NO_QUORUM_SEMAPHORES`] |
 //!
 //! Single server, Sentinel and Cluster differ only in how bytes reach a master (`net/`): which
 //! node a key lives on, and how a failover is ridden. What the engines share is below them:
@@ -32,13 +33,14 @@ use crossbeam_channel::Sender;
 use crate::config::Config;
 use crate::error::Result;
 use crate::grant::Grant;
-use crate::key::LockKeys;
+use crate::key::{LockKeys, PermitKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::net::watch::Heard;
 use crate::one_master::OneMaster;
 use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
+use crate::scripts::permits::PermitStatus;
 use crate::scripts::{Proclamation, Who};
 use crate::status::LockStatus;
 
@@ -199,6 +201,52 @@ impl Engine {
         }
     }
 
+    /// Whether this engine has semaphores: one master counts a semaphore's permits; a quorum
+    /// refuses (see [`NO_QUORUM_SEMAPHORES`]).
+    pub(crate) fn semaphores(&self) -> Result<()> {
+        match self {
+            Engine::OneMaster(_) => Ok(()),
+            _ => Err(no_semaphores()),
+        }
+    }
+
+    /// Waits for a permit of the semaphore `keys` until granted or `deadline`; the grant is
+    /// held (renewal runs). `None` at the deadline.
+    pub(crate) fn acquire_permit(
+        &self,
+        keys: &PermitKeys,
+        lease: Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Arc<Grant>>> {
+        match self {
+            Engine::OneMaster(m) => m.acquire_permit(keys, lease, deadline),
+            _ => Err(no_semaphores()),
+        }
+    }
+
+    /// Releases a permit and waits for the reply (`Permit::release`).
+    pub(crate) fn release_permit(&self, keys: &PermitKeys, grant: &Arc<Grant>) -> Result<()> {
+        match self {
+            Engine::OneMaster(m) => m.release_permit(keys, grant),
+            _ => Err(no_semaphores()),
+        }
+    }
+
+    /// Releases a permit without waiting for a Redis that stopped answering (a permit's drop).
+    pub(crate) fn release_permit_detached(&self, keys: &PermitKeys, grant: &Arc<Grant>) {
+        if let Engine::OneMaster(m) = self {
+            m.release_permit_detached(keys, grant);
+        }
+    }
+
+    /// How the semaphore `keys` stands.
+    pub(crate) fn permit_status(&self, keys: &PermitKeys) -> Result<PermitStatus> {
+        match self {
+            Engine::OneMaster(m) => m.permit_status(keys),
+            _ => Err(no_semaphores()),
+        }
+    }
+
     /// Where a fenced store that shares the client's connections sends its writes. A quorum has
     /// no one server to store on: its router refuses every call.
     pub(crate) fn router(&self) -> Arc<Router> {
@@ -209,4 +257,14 @@ impl Engine {
             Engine::Fake(f) => f.router(),
         }
     }
+}
+
+/// Why a quorum client has no semaphores.
+pub(crate) const NO_QUORUM_SEMAPHORES: &str = "semaphores need one master to count their \
+     permits (a single server, Sentinel or Cluster): on a quorum of masters, permits granted on \
+     a majority of masters that each admit N add up to nearly 2N";
+
+/// The error of every semaphore call on an engine without them.
+fn no_semaphores() -> crate::error::Error {
+    crate::error::Error::invalid("topology", NO_QUORUM_SEMAPHORES)
 }

@@ -137,7 +137,9 @@ const NOT_WRITABLE: [&str; 3] = ["NOREPLICAS", "MASTERDOWN", "READONLY"];
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An argument or setting was rejected before any network call.
+    /// An argument or setting was rejected, before any network call; or a semaphore's count
+    /// of permits is not the one in force in Redis (`what` is `"permits"`; see
+    /// [`Semaphore`](crate::Semaphore)).
     #[error("invalid {what}: {reason}")]
     InvalidArgument {
         /// What was rejected: `"key"`, `"lease"`, `"pool size"`, `"url"`, ...

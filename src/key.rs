@@ -6,6 +6,10 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+mod permit;
+
+pub(crate) use permit::PermitKeys;
+
 /// Longest user key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
 
@@ -89,6 +93,33 @@ impl LockKeys {
         })
     }
 
+    /// Names made elsewhere (a semaphore's permit, `key/permit.rs`): `keys` are what
+    /// [`all`](LockKeys::all) returns, the first of them what [`lock`](LockKeys::lock) returns.
+    pub(crate) fn assembled(
+        user: &str,
+        tag: &str,
+        keys: [&str; 4],
+        owner: &str,
+        idle_ms: u64,
+    ) -> LockKeys {
+        let mut names = String::with_capacity(
+            user.len() + tag.len() + keys.iter().map(|k| k.len()).sum::<usize>() + owner.len(),
+        );
+        let mut ends = [0; 7];
+        for (i, part) in [user, tag, keys[0], keys[1], keys[2], keys[3], owner]
+            .into_iter()
+            .enumerate()
+        {
+            names.push_str(part);
+            ends[i] = names.len();
+        }
+        LockKeys {
+            names,
+            ends,
+            idle_ms,
+        }
+    }
+
     /// Names the owner of this lock call: `<prefix><n>`.
     pub(crate) fn set_owner(&mut self, prefix: &str, n: u64) {
         use std::fmt::Write as _;
@@ -127,9 +158,13 @@ impl LockKeys {
 
     /// The client's namespace, as the Redis keys start with it.
     pub(crate) fn namespace(&self) -> &str {
+        // The lock key is `<namespace>:<kind>:{<tag>}...` (a semaphore's permit key has more
+        // after the tag). The namespace may hold `:` but never `{`, so the first `{` opens the
+        // tag, and the namespace ends at the `:` before the kind.
         let lock = self.lock();
-        // The lock key is `<namespace>:lock:{<tag>}`; the namespace may hold `:` itself.
-        &lock[..lock.len() - self.tag().len() - ":lock:{}".len()]
+        let before = lock.find('{').map_or(lock, |open| &lock[..open]);
+        let before = before.strip_suffix(':').unwrap_or(before);
+        before.rfind(':').map_or(before, |colon| &before[..colon])
     }
 
     /// `<namespace>:lock:{<tag>}`: the owner id of the current grant, with the lease as TTL.
@@ -183,6 +218,13 @@ impl Owners {
     pub(crate) fn next(&self, keys: &mut LockKeys) {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         keys.set_owner(&self.prefix, n);
+    }
+
+    /// A fresh owner id, as [`next`](Owners::next) gives one (a semaphore's permit is named by
+    /// it).
+    pub(crate) fn next_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{}{n}", self.prefix)
     }
 }
 

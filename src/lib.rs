@@ -227,6 +227,23 @@
 //! # }
 //! ```
 //!
+//! # Counting semaphores
+//!
+//! [`LockClient::semaphore`] makes a [`Semaphore`]: at most so many [`Permit`]s of it are held
+//! at once, across every client. A permit is held as a lock is (renewed, reported lost, given
+//! back by Redis when its lease runs out), carries its own [`FencingToken`], and is handed
+//! straight to the next waiter by a release, first come, first served across clients.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+//! let uploads = client.semaphore("uploads", 4)?;
+//! let permit = uploads.acquire()?;
+//! // ... one of at most four uploads, passing permit.token() to the storage ...
+//! permit.release()
+//! # }
+//! ```
+//!
 //! # Looking at a lock, and breaking it
 //!
 //! [`LockClient::status`] reads how a lock stands without taking it: held or free, the
@@ -397,6 +414,7 @@ mod election;
 mod guard;
 mod multi;
 mod reentrant;
+mod semaphore;
 // The client's shared core, and the seam behind which each deployment lives.
 mod engine;
 mod shared;
@@ -431,6 +449,7 @@ pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
+pub use crate::semaphore::{Permit, Semaphore, SemaphoreStatus};
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;
 pub use crate::topology::{Topology, QUORUM_MIN_NODES, SENTINEL_PORT};

@@ -9,6 +9,7 @@
 //! | `release.rs` | release, handoff to the next waiter, the background thread for releases no caller waits for |
 //! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |
 //! | `election.rs` | what an election adds to its lock: the leader's record, and the channel observers watch |
+//! | `permits.rs` | a semaphore's permits: acquire, wait, release, status, over the same queues, listener and renewal |
 //!
 //! A quorum client has none of these; see `quorum/`.
 //!
@@ -19,6 +20,7 @@
 mod acquire;
 mod election;
 mod listener;
+mod permits;
 mod release;
 mod renew;
 mod wait;
@@ -33,10 +35,11 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant, Waiting};
-use crate::key::{release_channel, LockKeys, Owners};
+use crate::key::{release_channel, LockKeys, Owners, PermitKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::options::{Deadline, LockOptions};
+use crate::scripts::permits::PermitStatus;
 use crate::scripts::{self, Leaving, Released};
 use crate::status::LockStatus;
 
@@ -212,5 +215,32 @@ impl OneMaster {
 
     pub(crate) fn router(&self) -> Arc<Router> {
         Arc::clone(&self.router)
+    }
+
+    /// See [`Engine::acquire_permit`](crate::engine::Engine::acquire_permit).
+    pub(crate) fn acquire_permit(
+        self: &Arc<Self>,
+        keys: &PermitKeys,
+        lease: Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Arc<Grant>>> {
+        permits::acquire(self, keys, lease, deadline)
+    }
+
+    /// See [`Engine::release_permit`](crate::engine::Engine::release_permit).
+    pub(crate) fn release_permit(&self, keys: &PermitKeys, grant: &Arc<Grant>) -> Result<()> {
+        let was_held = self.stop(grant);
+        permits::release(self, keys, grant, was_held)
+    }
+
+    /// See [`Engine::release_permit_detached`](crate::engine::Engine::release_permit_detached).
+    pub(crate) fn release_permit_detached(self: &Arc<Self>, keys: &PermitKeys, grant: &Arc<Grant>) {
+        let was_held = self.stop(grant);
+        permits::release_detached(self, keys, grant, was_held);
+    }
+
+    /// See [`Engine::permit_status`](crate::engine::Engine::permit_status).
+    pub(crate) fn permit_status(&self, keys: &PermitKeys) -> Result<PermitStatus> {
+        permits::status(self, keys)
     }
 }

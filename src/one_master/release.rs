@@ -47,6 +47,12 @@ pub(super) fn leave_later(m: &Arc<OneMaster>, keys: LockKeys) {
     in_background(m, Task::Leave { keys });
 }
 
+/// Runs `work` on the background thread of [`release_detached`] (a semaphore's permit,
+/// `permits.rs`, releases and leaves its queue through it); `work` logs what fails.
+pub(super) fn later(m: &Arc<OneMaster>, work: impl FnOnce(&OneMaster) + Send + 'static) {
+    in_background(m, Task::Run(Box::new(work)));
+}
+
 fn in_background(m: &Arc<OneMaster>, task: Task) {
     let sender = m.background.get_or_init(|| {
         let (sender, jobs) = crossbeam_channel::unbounded::<Job>();
@@ -88,6 +94,7 @@ fn run(m: &OneMaster, task: Task) {
                 }
             }
         }
+        Task::Run(work) => work(m),
         Task::Leave { keys } => {
             if let Err(e) = hand_over(
                 m,
@@ -326,6 +333,7 @@ pub(crate) struct Job {
 enum Task {
     Release { grant: Arc<Grant>, was_held: bool },
     Leave { keys: LockKeys },
+    Run(Box<dyn FnOnce(&OneMaster) + Send>),
 }
 
 /// Bounds the rounds of one release: see [`hand_over`].

@@ -6,14 +6,18 @@
 //! | `acquire.lua`, `confirm.lua`, `extend.lua`, `quorum_release.lua`, `quorum_force.lua`, `quorum_status.lua` | the quorum engine, on each master |
 //! | `election_proclaim.lua`, `election_resign.lua`, `election_leader.lua` | elections, over either engine (on each master of a quorum) |
 //! | `fenced_*.lua` | [`FencedRedis`](crate::FencedRedis), after `fenced_prelude.lua` |
+//! | `permit_acquire.lua`, `permit_release.lua`, `permit_status.lua`, `extend.lua` | a semaphore's permits, on the one-master engine (`permits.rs`) |
 //!
 //! `grant.lua` holds what acquire, confirm and release share (minting a token, the queue of
-//! waiters) and is prepended to each.
+//! waiters) and is prepended to each; `permits.lua` holds what a semaphore's acquire and release
+//! share (counting live holders, the waiters before a caller), and follows it in both.
 //!
 //! Each script is its own file with a header naming KEYS, ARGV and the reply; `docs/design.md`
 //! holds the state table (lock key absent / ours / another's × acquire / extend / release).
 //! Scripts run by EVALSHA; after NOSCRIPT the script is loaded and the call sent again, in one
 //! place ([`loading`]).
+
+pub(crate) mod permits;
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -13,4 +13,5 @@ mod faults;
 mod harness;
 mod lock_all;
 mod routing;
+mod semaphore;
 mod wake;

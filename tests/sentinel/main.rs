@@ -15,3 +15,4 @@ mod failover;
 mod follow_master;
 mod harness;
 mod lock_all;
+mod semaphore;

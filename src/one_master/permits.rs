@@ -1,0 +1,530 @@
+//! A counting semaphore's permits on one master: attempt, wait in the semaphore's local queue,
+//! take the grant; release, handing the permit to the next waiter in the same script.
+//!
+//! Written as `acquire.rs` and `release.rs` are for a lock, over the same parts: the local queue
+//! and a waiter's states (`wait.rs`), the release channel's listener (`listener.rs`), grants
+//! held by the renewal thread. A permit's grant carries the permit's own key as its lock key
+//! (`key/permit.rs`), so renewal, extends and loss work on it unchanged. What differs is the
+//! scripts (`permit_*.lua`), and that a grant wakes the next waiter of ours at once: another
+//! permit may be free for it.
+//!
+//! Left out, next to a lock: a release does not name our own next waiter (each waiter takes its
+//! turn in Redis' queue, which a release serves). Replica acknowledgement (`min_replica_acks`) is waited for as for a lock: behind the
+//! grant, or behind one extend for a handoff.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::listener;
+use super::wait::{Ticket, Waited, Wake};
+use super::OneMaster;
+use crate::error::{Error, Result};
+use crate::grant::{Grant, NewGrant};
+use crate::key::{LockKeys, PermitKeys};
+use crate::net::pool::{Run, MIN_READ};
+use crate::net::router::Ride;
+use crate::options::Deadline;
+use crate::scripts::permits::{self as script, PermitAcquire, PermitReleased, PermitStatus};
+use crate::scripts::{self, JoinQueue, Leaving, HANDOFF_LEASE};
+use crate::token::FencingToken;
+
+/// How long a waiter past its deadline waits for Redis to take it out of its queue.
+const LEAVE_PATIENCE: Duration = Duration::from_millis(50);
+
+/// See [`Engine::acquire_permit`](crate::engine::Engine::acquire_permit).
+pub(super) fn acquire(
+    m: &Arc<OneMaster>,
+    keys: &PermitKeys,
+    lease: Duration,
+    deadline: Deadline,
+) -> Result<Option<Arc<Grant>>> {
+    match deadline {
+        Deadline::Now => once(m, keys, lease),
+        Deadline::At(at) => until(m, keys, lease, Some(at)),
+        Deadline::Never => until(m, keys, lease, None),
+    }
+}
+
+/// One attempt, no waiting and no queueing.
+fn once(m: &Arc<OneMaster>, keys: &PermitKeys, lease: Duration) -> Result<Option<Arc<Grant>>> {
+    let permit = keys.permit(&m.owners.next_id());
+    let sent = Instant::now();
+    match attempt(m, keys, &permit, lease, JoinQueue::Never, None)? {
+        Found::Granted(token) => Ok(Some(hold(m, permit, token, sent, lease, lease))),
+        Found::Full(_) => Ok(None),
+    }
+}
+
+/// Waits in the semaphore's local queue until granted or `deadline`.
+fn until(
+    m: &Arc<OneMaster>,
+    keys: &PermitKeys,
+    lease: Duration,
+    deadline: Option<Instant>,
+) -> Result<Option<Arc<Grant>>> {
+    loop {
+        match turn(m, keys, lease, deadline)? {
+            Turn::Granted(grant) => return Ok(Some(grant)),
+            Turn::Deadline => return Ok(None),
+            // A handoff came too late to use: wait again, as a new waiter.
+            Turn::TooLate => {}
+        }
+    }
+}
+
+/// How one turn in the queue ended.
+enum Turn {
+    Granted(Arc<Grant>),
+    Deadline,
+    TooLate,
+}
+
+/// What an attempt found, a count other than ours being an error.
+enum Found {
+    Granted(FencingToken),
+    /// No permit for us; ask again after about this long.
+    Full(Option<Duration>),
+}
+
+/// A grant: its token, the earliest its lease can have started, and for a handoff the lease
+/// Redis set (capped at [`HANDOFF_LEASE`]).
+type Granted = (FencingToken, Instant, Option<Duration>);
+
+/// One turn in the local queue, with an owner id of its own.
+fn turn(
+    m: &Arc<OneMaster>,
+    keys: &PermitKeys,
+    lease: Duration,
+    deadline: Option<Instant>,
+) -> Result<Turn> {
+    let permit = keys.permit(&m.owners.next_id());
+    let ticket = m.waiters.join(keys.tag(), permit.owner(), lease);
+    let found = wait_for_grant(m, keys, &permit, lease, deadline, &ticket);
+    if let Ok(Some((token, sent, handoff))) = found {
+        ticket.leave_granted();
+        // Unlike a lock, another permit may be free: our next waiter asks at once.
+        m.waiters.wake_head(keys.tag());
+        return accept(m, keys, permit, token, sent, lease, handoff);
+    }
+    // Leaving without a grant; a handoff may have reached us all the same.
+    let earliest = ticket.since();
+    let (late, in_redis_queue) = ticket.leave();
+    if let (Some(wake), Ok(None)) = (late, &found) {
+        if let Some((token, since, handoff)) = handed(wake, earliest) {
+            // Granted before we gave up: better taken than handed on.
+            return accept(m, keys, permit, token, since, lease, handoff);
+        }
+    }
+    if !in_redis_queue {
+        return found.map(|_| Turn::Deadline);
+    }
+    if matches!(&found, Err(e) if e.is_connection()) || m.router.unreachable(keys.holders()) {
+        // Redis did not answer: leaving here would wait for it again, past the caller's
+        // timeout. The background thread leaves for us; until it gets through, a permit
+        // handed to us meanwhile stays held until its lease runs out.
+        let keys = keys.clone();
+        super::release::later(m, move |m| {
+            if let Err(e) = hand_over(m, &keys, &permit, Leaving::QueueAndLock, None) {
+                log::warn!(
+                    "fencelock: leaving the queue of semaphore {:?} failed: {e}",
+                    keys.name()
+                );
+            }
+        });
+        return found.map(|_| Turn::Deadline);
+    }
+    // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
+    // passed on. On failure the entry expires by itself, and a permit handed to us with it.
+    let until = deadline.is_some().then(|| Instant::now() + LEAVE_PATIENCE);
+    if let Err(e) = hand_over(m, keys, &permit, Leaving::QueueAndLock, until) {
+        log::warn!(
+            "fencelock: leaving the queue of semaphore {:?} failed: {e}",
+            keys.name()
+        );
+    }
+    found.map(|_| Turn::Deadline)
+}
+
+/// The waiting loop of [`turn`]: the grant, or `None` at `deadline`.
+fn wait_for_grant(
+    m: &OneMaster,
+    keys: &PermitKeys,
+    permit: &LockKeys,
+    lease: Duration,
+    deadline: Option<Instant>,
+    ticket: &Ticket,
+) -> Result<Option<Granted>> {
+    let mut attempt_now = ticket.is_head();
+    // When to ask again unprompted: a holder that crashed releases nothing.
+    let mut retry_at: Option<Instant> = None;
+    let mut ride = Ride::default();
+    loop {
+        if attempt_now {
+            let sent = Instant::now();
+            // Marked before sending: if the reply is lost, leaving must still withdraw.
+            let queue = ticket.attempt(sent);
+            match attempt(m, keys, permit, lease, queue, deadline) {
+                Ok(Found::Granted(token)) => return Ok(Some((token, sent, None))),
+                Ok(Found::Full(pttl)) => {
+                    ride = Ride::default();
+                    ticket.refused();
+                    watch_shard(m, keys, deadline);
+                    let after = pttl.unwrap_or(lease).min(HANDOFF_LEASE) + Duration::from_millis(1);
+                    retry_at = Instant::now().checked_add(after);
+                }
+                // A master that stopped answering may be being replaced: the attempt goes
+                // again, with the same owner id, on the master the deployment names by then.
+                Err(e) => match m.router.ride(&mut ride, &e, deadline) {
+                    Some(pause) => {
+                        std::thread::sleep(pause);
+                        continue;
+                    }
+                    None => return Err(e),
+                },
+            }
+        }
+        attempt_now = false;
+        let until = deadline.into_iter().chain(retry_at).min();
+        match ticket.wait(until, None) {
+            Waited::Woken(wakes) => {
+                for wake in wakes {
+                    match wake {
+                        Wake::Granted { .. } => return Ok(handed(wake, ticket.since())),
+                        Wake::Attempt => attempt_now = true,
+                        // Only a release naming our own next waiter sends it; a semaphore's
+                        // release names none. Taken as a lock's waiter would take it.
+                        Wake::Queued { retry_after, since } => {
+                            ticket.queued(since);
+                            retry_at =
+                                Instant::now().checked_add(retry_after + Duration::from_millis(1));
+                        }
+                    }
+                }
+            }
+            Waited::Cancelled => return Err(Error::Cancelled),
+            Waited::TimedOut => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(None);
+                }
+                attempt_now = ticket.is_head();
+            }
+        }
+    }
+}
+
+/// On a cluster, subscribes to the semaphore's shard channel, where other clients' releases
+/// tell us of a handoff.
+fn watch_shard(m: &OneMaster, keys: &PermitKeys, deadline: Option<Instant>) {
+    if let Some(wake) = m.sharded.as_ref().and_then(|s| s.watch(keys.tag())) {
+        let woken = m
+            .router
+            .run_until(&wake, deadline, |con, _| listener::wake(con, &wake));
+        if let Err(e) = woken {
+            log::debug!("fencelock: waking a shard listener failed: {e}");
+        }
+    }
+}
+
+/// The grant a wake carries, if it is one.
+fn handed(wake: Wake, earliest: Instant) -> Option<Granted> {
+    match wake {
+        Wake::Granted {
+            token,
+            since,
+            lease,
+            ..
+        } => Some((token, since.unwrap_or(earliest), Some(lease))),
+        _ => None,
+    }
+}
+
+/// Turns a token into a held grant. A permit handed over by a release started its lease at
+/// some moment after `sent`; if half of it may be gone, one extend confirms it first, so that
+/// the grant starts out held and loss is never reported for a permit still ours.
+fn accept(
+    m: &Arc<OneMaster>,
+    keys: &PermitKeys,
+    permit: LockKeys,
+    token: FencingToken,
+    sent: Instant,
+    lease: Duration,
+    handoff: Option<Duration>,
+) -> Result<Turn> {
+    let acks = m.config.replica_acks;
+    let granted = match handoff {
+        None => return Ok(Turn::Granted(hold(m, permit, token, sent, lease, lease))),
+        Some(granted) if acks.is_none() && sent.elapsed() <= granted / 2 => granted,
+        Some(_) => {
+            // With replica acks: the handoff was written by the releaser, on another
+            // connection, and WAIT counts only what its own connection wrote, so the extend
+            // re-arms the lease on ours and WAITs behind it.
+            let sent = Instant::now();
+            let confirmed = m.router.run(permit.lock(), |con, _| match acks {
+                Some(acks) => scripts::extend_acked(con, &permit, permit.owner(), lease, acks)
+                    .map(|(ours, acked)| (ours, Some(acked))),
+                None => {
+                    scripts::extend(con, &permit, permit.owner(), lease).map(|ours| (ours, None))
+                }
+            });
+            if let Ok((true, acked)) = confirmed {
+                let grant = hold(m, permit, token, sent, lease, lease);
+                return match (acks, acked) {
+                    (Some(acks), Some(acked)) if acked < acks.replicas => {
+                        let _ = m.release_permit(keys, &grant);
+                        Err(Error::NotReplicated {
+                            acked,
+                            required: acks.replicas,
+                        })
+                    }
+                    _ => Ok(Turn::Granted(grant)),
+                };
+            }
+            // Not ours any more, or not known: give it back in our name (it is passed on if
+            // still ours), which also wakes our next waiter.
+            if let Err(e) = hand_over(m, keys, &permit, Leaving::QueueAndLock, None) {
+                log::warn!(
+                    "fencelock: giving back an unconfirmed permit of {:?} failed, it expires \
+                     with its lease: {e}",
+                    keys.name()
+                );
+            }
+            confirmed.map(drop)?;
+            log::debug!(
+                "fencelock: a permit of {:?} (token {token}) came too late to use",
+                keys.name()
+            );
+            return Ok(Turn::TooLate);
+        }
+    };
+    Ok(Turn::Granted(hold(m, permit, token, sent, granted, lease)))
+}
+
+/// Makes the grant and hands it to the renewal thread, which renews the permit's key as a
+/// lock's.
+fn hold(
+    m: &OneMaster,
+    permit: LockKeys,
+    token: FencingToken,
+    sent: Instant,
+    granted: Duration,
+    lease: Duration,
+) -> Arc<Grant> {
+    m.hold(NewGrant {
+        keys: permit,
+        token,
+        sent,
+        granted,
+        lease,
+        auto_renew: true,
+        max_hold: None,
+        queued: false,
+        local_run: 0,
+    })
+}
+
+/// One run of the acquire script. A reply that has not come by `deadline` (if sooner than the
+/// response timeout) is a timeout.
+fn attempt(
+    m: &OneMaster,
+    keys: &PermitKeys,
+    permit: &LockKeys,
+    lease: Duration,
+    queue: JoinQueue,
+    deadline: Option<Instant>,
+) -> Result<Found> {
+    let acks = m.config.replica_acks;
+    let (sent, served) = (Instant::now(), Cell::new(None));
+    let found = m
+        .router
+        .run_until_noting(keys.holders(), deadline, &served, |con, run| {
+            // A first run may have queued us before its reply was lost: a grant on this run
+            // must take the entry out.
+            let queue = match queue {
+                JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
+                queue => queue,
+            };
+            match script::acquire(con, keys, permit, lease, queue, acks) {
+                Err(e) if e.is_timeout() => {
+                    // The script may still run and grant us a permit we are about to report as
+                    // not taken: a release sent on the same connection runs after it, whatever
+                    // it did, and takes us out of the queue. Its reply is of no use.
+                    let _ = con.set_read_timeout(Some(MIN_READ));
+                    let _ = script::release(con, keys, permit, Leaving::QueueAndLock);
+                    Err(e)
+                }
+                Err(e) => Err(e),
+                Ok((found, acked)) => match (found, acks, acked) {
+                    (PermitAcquire::Granted(_), Some(acks), Some(acked))
+                        if acked < acks.replicas =>
+                    {
+                        // Too few replicas have it, so a failover could lose it: give it back.
+                        script::release(con, keys, permit, Leaving::Lock)?;
+                        Ok(Err(Error::NotReplicated {
+                            acked,
+                            required: acks.replicas,
+                        }))
+                    }
+                    (found, ..) => Ok(Ok(found)),
+                },
+            }
+        })??;
+    match found {
+        PermitAcquire::Granted(token) => {
+            // A cluster master frozen while its replica took over answers when it wakes,
+            // before it learns it was replaced: a slow grant counts only if the other nodes
+            // still name its node.
+            if let Some(node) = served.get() {
+                if !m
+                    .router
+                    .trusted(keys.holders(), node, sent.elapsed(), deadline)
+                {
+                    log::warn!(
+                        "fencelock: a permit of {:?} (token {token}) came from a master \
+                         replaced while it answered; attempting again",
+                        keys.name()
+                    );
+                    return Ok(Found::Full(Some(Duration::ZERO)));
+                }
+            }
+            Ok(Found::Granted(token))
+        }
+        PermitAcquire::Full(pttl) => Ok(Found::Full(pttl)),
+        PermitAcquire::OtherCount(count) => Err(other_count(keys, count)),
+    }
+}
+
+/// The error of a handle whose count is not the one in force.
+fn other_count(keys: &PermitKeys, count: u64) -> Error {
+    Error::invalid(
+        "permits",
+        format!(
+            "semaphore {:?} is in use with {count} permits, not {}: its count changes only \
+             while no permit is held and nobody waits",
+            keys.name(),
+            keys.count()
+        ),
+    )
+}
+
+/// The release in Redis of a permit's grant already stopped here.
+pub(super) fn release(
+    m: &OneMaster,
+    keys: &PermitKeys,
+    grant: &Grant,
+    was_held: bool,
+) -> Result<()> {
+    let name = keys.name();
+    let (released, reply_lost) = match hand_over(m, keys, &grant.keys, Leaving::Lock, None) {
+        Ok(found) => found,
+        Err(e) => {
+            log::warn!(
+                "fencelock: releasing a permit of {name:?} failed, it expires with its lease: {e}"
+            );
+            return Err(e);
+        }
+    };
+    match released {
+        PermitReleased::Freed | PermitReleased::HandedOver { .. } => {
+            log::debug!(
+                "fencelock: released a permit of {name:?} (token {})",
+                grant.token
+            );
+            Ok(())
+        }
+        // The first run may have released it before its connection broke.
+        PermitReleased::NotOurs if reply_lost && was_held => Ok(()),
+        PermitReleased::NotOurs => {
+            if grant.mark_lost("it was no longer ours at release") {
+                log::warn!(
+                    "fencelock: a permit of {name:?} (token {}) was no longer ours at release",
+                    grant.token
+                );
+            }
+            Err(Error::LockLost {
+                key: name.to_owned(),
+            })
+        }
+    }
+}
+
+/// A release for a permit's drop, which must not wait for a Redis that stopped answering: a
+/// permit already known lost (nobody waits on its release here), or whose master the client
+/// last failed to reach, is released by the background thread (`release.rs`). Failures are
+/// logged, never returned; the permit then runs out with its lease.
+pub(super) fn release_detached(
+    m: &Arc<OneMaster>,
+    keys: &PermitKeys,
+    grant: &Arc<Grant>,
+    was_held: bool,
+) {
+    if !was_held || m.router.unreachable(keys.holders()) {
+        let (keys, grant) = (keys.clone(), Arc::clone(grant));
+        super::release::later(m, move |m| {
+            let _ = release(m, &keys, &grant, was_held);
+        });
+        return;
+    }
+    // `release` logs what failed.
+    let _ = release(m, keys, grant, was_held);
+}
+
+/// Runs the release script for `permit`'s owner, and tells a waiter of ours handed the permit.
+/// Returns what the script found, and whether its first reply was lost (so it ran again).
+fn hand_over(
+    m: &OneMaster,
+    keys: &PermitKeys,
+    permit: &LockKeys,
+    leaving: Leaving,
+    until: Option<Instant>,
+) -> Result<(PermitReleased, bool)> {
+    let sent = Instant::now();
+    let mut reply_lost = false;
+    let released = m.router.run_until(keys.holders(), until, |con, run| {
+        reply_lost |= run == Run::Retry;
+        script::release(con, keys, permit, leaving)
+    });
+    let released = match released {
+        Ok(released) => released,
+        Err(e) => {
+            // Whatever happened, a permit may be free for our next waiter.
+            m.waiters.wake_head(keys.tag());
+            return Err(e);
+        }
+    };
+    match &released {
+        PermitReleased::HandedOver {
+            token,
+            owner,
+            lease,
+        } => {
+            if owner.starts_with(m.owners.prefix()) {
+                // One of ours that queued in Redis: if it left meanwhile, its leaving gives
+                // the permit back.
+                let wake = Wake::Granted {
+                    token: *token,
+                    since: Some(sent),
+                    lease: *lease,
+                    local_run: 0,
+                };
+                m.waiters.deliver(keys.tag(), owner, wake);
+            }
+        }
+        PermitReleased::Freed | PermitReleased::NotOurs => m.waiters.wake_head(keys.tag()),
+    }
+    Ok((released, reply_lost))
+}
+
+/// See [`Engine::permit_status`](crate::engine::Engine::permit_status).
+pub(super) fn status(m: &OneMaster, keys: &PermitKeys) -> Result<PermitStatus> {
+    let status = m
+        .router
+        .run(keys.holders(), |con, _| script::status(con, keys))?;
+    // As the acquire script decides: a count left behind by holders whose leases ran out is
+    // replaced by the next acquire, so it is no error.
+    let in_use = status.held > 0 || status.waiters > 0;
+    match status.limit {
+        Some(limit) if in_use && limit != u64::from(keys.count()) => Err(other_count(keys, limit)),
+        _ => Ok(status),
+    }
+}

@@ -1,0 +1,306 @@
+//! A fenced counting semaphore: [`Semaphore`], [`Permit`] and [`SemaphoreStatus`], a thin type
+//! over what a lock already has (queues, handoff, renewal, grants, tokens), through the engine
+//! seam (`engine.rs`; on one master, `one_master/permits.rs`).
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+
+use crate::error::Result;
+use crate::grant::Grant;
+use crate::key::PermitKeys;
+use crate::options::Deadline;
+use crate::shared::Shared;
+use crate::token::FencingToken;
+
+/// A counting semaphore in Redis: at most `permits` [`Permit`]s of it are held at once, across
+/// every client and process. Made by [`LockClient::semaphore`](crate::LockClient::semaphore).
+///
+/// A permit is held like a lock: under a lease that the client's renewal thread keeps alive,
+/// reported lost ([`Permit::is_held`], [`Permit::lost`]) if it runs out anyway, and given back by
+/// Redis when it runs out, so a crashed holder's permit comes back within its lease. Each grant
+/// carries a [`FencingToken`] larger than that of every earlier grant of the semaphore, so
+/// storage can refuse a stalled holder's late writes, as for a lock.
+///
+/// Waiting costs no polling: callers queue in Redis, and a release hands its permit straight to
+/// the waiter that has waited longest, in the same script. Clients take turns in arrival order;
+/// the threads of one client queue behind each other in their own process.
+///
+/// # One count per name
+///
+/// The first call on a semaphore stores its count in Redis, and that count is in force while a
+/// permit is held or a caller waits: a handle made with another count fails every call with
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (`what` is `"permits"`), and never
+/// runs beside it with its own. Once nobody holds or waits, the next call's count is the one in
+/// force.
+///
+/// Cheap to clone; a clone shares the client.
+///
+/// ```no_run
+/// # fn main() -> Result<(), fencelock::Error> {
+/// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+/// let uploads = client.semaphore("uploads", 4)?;
+/// let permit = uploads.acquire()?;
+/// // ... at most four of these run at once, each passing permit.token() to the storage ...
+/// permit.release()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    shared: Arc<Shared>,
+    keys: Arc<PermitKeys>,
+}
+
+impl Semaphore {
+    /// Checks the name and the count, and the client's engine; no network call.
+    pub(crate) fn new(shared: Arc<Shared>, name: &str, permits: u32) -> Result<Semaphore> {
+        let mut keys = PermitKeys::new(&shared.config.namespace, name, permits)?;
+        keys.set_idle_expiry(shared.config.idle_expiry);
+        shared.engine.semaphores()?;
+        Ok(Semaphore {
+            shared,
+            keys: Arc::new(keys),
+        })
+    }
+
+    /// The semaphore's name, as given to [`LockClient::semaphore`](crate::LockClient::semaphore).
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// The count of permits this handle was made with.
+    pub fn permits(&self) -> u32 {
+        self.keys.count()
+    }
+
+    /// Takes a permit, waiting as long as it takes.
+    ///
+    /// A release wakes the waiter it hands its permit to; a waiter also asks again by itself
+    /// when the soonest holder's lease would run out (at most 5 s after it last asked), since a
+    /// holder that died releases nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the semaphore is in use with
+    /// another count of permits (see [One count per name](Semaphore#one-count-per-name)).
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated) with
+    /// [`min_replica_acks`](crate::Builder::min_replica_acks), when too few replicas
+    /// acknowledged the grant (it was given back). Connection errors, timeouts and Redis errors end the wait, as for
+    /// [`LockClient::lock`](crate::LockClient::lock): on Sentinel or Cluster an attempt rides a
+    /// failover for up to 60 s.
+    pub fn acquire(&self) -> Result<Permit> {
+        loop {
+            if let Some(permit) = self.take(Deadline::Never)? {
+                return Ok(permit);
+            }
+        }
+    }
+
+    /// Takes a permit if one can be had within `timeout`; `Ok(None)` if not.
+    ///
+    /// `Duration::ZERO` makes one attempt and never queues. A waiter that gives up takes itself
+    /// out of Redis' queue before it returns (giving Redis 50 ms to answer), passing on a permit
+    /// handed to it meanwhile.
+    ///
+    /// # Errors
+    /// As for [`acquire`](Semaphore::acquire); [`Error::Timeout`](crate::Error::Timeout) if the
+    /// reply to an attempt did not come by the deadline.
+    pub fn try_acquire(&self, timeout: Duration) -> Result<Option<Permit>> {
+        match Instant::now().checked_add(timeout) {
+            _ if timeout.is_zero() => self.take(Deadline::Now),
+            Some(deadline) => self.take(Deadline::At(deadline)),
+            None => self.acquire().map(Some),
+        }
+    }
+
+    /// How the semaphore stands in Redis: permits held and clients waiting, read in one atomic
+    /// step without taking anything.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let status = client.semaphore("uploads", 4)?.status()?;
+    /// println!(
+    ///     "{} of {} permits held, {} client(s) waiting",
+    ///     status.held, status.permits, status.waiters
+    /// );
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the semaphore is in use with
+    /// another count; connection errors and timeouts as for any command.
+    pub fn status(&self) -> Result<SemaphoreStatus> {
+        let status = self.shared.engine.permit_status(&self.keys)?;
+        Ok(SemaphoreStatus {
+            permits: self.keys.count(),
+            held: status.held,
+            waiters: status.waiters,
+        })
+    }
+
+    fn take(&self, deadline: Deadline) -> Result<Option<Permit>> {
+        let lease = self.shared.config.lease;
+        Ok(self
+            .shared
+            .engine
+            .acquire_permit(&self.keys, lease, deadline)?
+            .map(|grant| Permit {
+                shared: Arc::clone(&self.shared),
+                keys: Arc::clone(&self.keys),
+                grant,
+                lost: OnceLock::new(),
+                released: false,
+            }))
+    }
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.keys.name())
+            .field("permits", &self.keys.count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A held permit of a [`Semaphore`]. Releases it when dropped; [`release`](Permit::release)
+/// releases it and reports how that went.
+///
+/// Like a [`LockGuard`](crate::LockGuard), it has no lifetime and may move to another thread;
+/// while it lives, the client's renewal thread keeps its lease alive.
+///
+/// ```no_run
+/// # fn main() -> Result<(), fencelock::Error> {
+/// use std::time::Duration;
+///
+/// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+/// let uploads = client.semaphore("uploads", 4)?;
+/// match uploads.try_acquire(Duration::from_secs(1))? {
+///     Some(permit) => {
+///         println!("uploading with fencing token {}", permit.token());
+///         permit.release()?;
+///     }
+///     None => println!("four uploads are running; try later"),
+/// }
+/// # Ok(()) }
+/// ```
+#[must_use = "if unused the permit is released at once"]
+#[clippy::has_significant_drop]
+pub struct Permit {
+    shared: Arc<Shared>,
+    keys: Arc<PermitKeys>,
+    grant: Arc<Grant>,
+    lost: OnceLock<Receiver<()>>,
+    released: bool,
+}
+
+impl Permit {
+    /// The name of the semaphore this permit is of.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// The fencing token of this grant: larger than that of every earlier grant of the
+    /// semaphore, whichever permit it was.
+    pub fn token(&self) -> FencingToken {
+        self.grant.token
+    }
+
+    /// Whether the permit is still ours, as far as this process can know without asking Redis:
+    /// exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of a lock. False once
+    /// renewal found the permit gone, or the local deadline passed without a confirmed renewal.
+    pub fn is_held(&self) -> bool {
+        self.grant.is_held()
+    }
+
+    /// A channel that becomes ready when the permit is lost, to block or `select!` on: one `()`,
+    /// then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost) does. Ready at once
+    /// if the permit was lost before the first call.
+    pub fn lost(&self) -> &Receiver<()> {
+        self.lost.get_or_init(|| self.grant.watch())
+    }
+
+    /// Releases the permit now, handing it to the longest waiter if any, and waits for Redis to
+    /// confirm it.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) (with the semaphore's name) if the permit was
+    /// no longer ours: its lease ran out. Connection errors and timeouts as for any command;
+    /// the permit then runs out with its lease, as renewal has stopped.
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.shared.engine.release_permit(&self.keys, &self.grant)
+    }
+}
+
+/// Releases the permit, best effort, in one round trip: failures are logged and the permit then
+/// runs out with its lease. A permit already known lost, or whose Redis the client last failed
+/// to reach, is not waited for: renewal stops, and the release is left to a background thread,
+/// as for a [`LockGuard`](crate::LockGuard).
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.shared
+            .engine
+            .release_permit_detached(&self.keys, &self.grant);
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("name", &self.keys.name())
+            .field("token", &self.grant.token)
+            .field("held", &self.is_held())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a semaphore stood in Redis when [`Semaphore::status`] read it, in one atomic step: for
+/// operators and monitoring, not for deciding whether to acquire
+/// ([`try_acquire`](Semaphore::try_acquire) with `Duration::ZERO` asks and takes in one step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// The count of permits, which is the one in force (a handle with another count gets an
+    /// error instead).
+    pub permits: u32,
+    /// Permits held: granted, not released, and with their lease not run out in Redis.
+    pub held: u64,
+    /// Clients waiting in the semaphore's queue in Redis, as [`LockStatus::waiters`] counts
+    /// them: one per waiting client (its other threads wait behind it, in its own process).
+    ///
+    /// [`LockStatus::waiters`]: crate::LockStatus::waiters
+    pub waiters: u64,
+}
+
+impl SemaphoreStatus {
+    /// Permits not held: `permits - held`, or zero.
+    pub fn available(&self) -> u64 {
+        u64::from(self.permits).saturating_sub(self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::LockClient;
+
+    #[test]
+    fn an_engine_without_semaphores_refuses_them_without_panicking() {
+        let (client, _fake) = LockClient::over_fake("ns");
+        let err = client.semaphore("uploads", 4).unwrap_err();
+        assert!(err.is_invalid_argument(), "{err:?}");
+        assert!(client.semaphore("", 4).unwrap_err().is_invalid_argument());
+        // Nothing reaches the engine's lock calls either.
+        assert!(client
+            .try_lock("uploads", Duration::ZERO)
+            .unwrap()
+            .is_some());
+    }
+}
