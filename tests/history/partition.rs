@@ -1,0 +1,649 @@
+//! Network partitions (tests/support/netns.rs): every server and every client process in a
+//! network namespace of its own, and cuts between chosen nodes that drop packets silently, so
+//! that clients see real timeouts, not resets. Each test records a history and has the checker
+//! judge it.
+//!
+//! - One server: a holder cut from the server learns of the loss (`is_held()` false, `lost()`
+//!   fired) before a client still reaching the server is granted the lock.
+//! - One server, the locked-set workload: a nemesis cuts a holder from the lock's server (not
+//!   from the counters' server) right after it read its counter, for four leases. Without a
+//!   fence its write-back loses updates (the canary); through `FencedRedis` none is lost.
+//! - A quorum of five masters: a split into a majority and a minority side. Clients on the
+//!   minority side cannot lock, those on the majority side can; a hold on the minority side is
+//!   reported lost within about a lease; tokens rise.
+//!
+//! Needs root and `ip` (iproute2); see tests/support/netns.rs.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fencelock::{FencedRedis, LockClient, LockGuard};
+
+use super::recorder::{monotonic_ns, outcome_of, Event, Recorder, Type};
+use super::support::netns::{Network, Node, NsRedis};
+use super::support::{ms, unique_temp_dir, Rng, NAMESPACE};
+use super::{check, counter_key, key_name, Store, Verdict, Worker, KEYS, LEASE_MS, PROCESSES};
+
+const AGENT_ENV: &str = "FENCELOCK_PARTITION_AGENT";
+
+// ---------------------------------------------------------------------------
+// An agent: a client process inside a namespace, driven line by line
+// ---------------------------------------------------------------------------
+
+/// A client process in a node, running [`partition_agent`]: one `LockClient` on `url` that
+/// takes and releases locks when told, records every call, and says when a lock it holds is
+/// lost.
+struct Agent {
+    worker: Worker,
+    name: String,
+}
+
+impl Agent {
+    fn spawn(network: &Network, node: &Node, url: &str, lease: Duration, dir: &Path) -> Agent {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let env = [
+            ("REDIS_URL", url.to_owned()),
+            ("FENCELOCK_AGENT_LEASE_MS", lease.as_millis().to_string()),
+            ("FENCELOCK_HISTORY_FILE_DIR", dir.display().to_string()),
+        ];
+        let mut cmd = network.command(node, exe);
+        cmd.env(AGENT_ENV, &node.name);
+        Agent {
+            worker: Worker::spawn_as_test("partition::partition_agent", &env, cmd),
+            name: node.name.clone(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.worker.send(line);
+    }
+
+    /// The next line starting with `prefix` (others skipped), within `limit`.
+    fn expect(&self, prefix: &str, limit: Duration) -> String {
+        self.worker.expect(prefix, limit).unwrap_or_else(|seen| {
+            panic!(
+                "agent {}: no {prefix:?} within {limit:?}: {seen}",
+                self.name
+            )
+        })
+    }
+
+    /// `try KEY MS`: the token, or `None` (not granted, or an error), and when the call returned.
+    fn try_lock(&mut self, key: &str, wait: Duration) -> (Option<u64>, u64, String) {
+        self.send(&format!("try {key} {}", wait.as_millis()));
+        let line = self.expect("acquire ", wait + Duration::from_secs(10));
+        // "acquire KEY granted TOKEN AT" | "acquire KEY none AT" | "acquire KEY error AT WHY"
+        let f: Vec<&str> = line.splitn(5, ' ').collect();
+        let at = f[3].parse().expect("a time");
+        let token = (f[2] == "granted").then(|| f[4].parse().expect("a token"));
+        (token, at, line)
+    }
+
+    /// `unlock KEY`: what unlock said (`ok`, `lost`, `error ...`).
+    fn unlock(&mut self, key: &str) -> String {
+        self.send(&format!("unlock {key}"));
+        let line = self.expect(&format!("released {key} "), Duration::from_secs(10));
+        line[format!("released {key} ").len()..].to_owned()
+    }
+
+    /// Waits up to `limit` for the agent to say it lost `key`: (when `is_held()` was first seen
+    /// false, when `lost()` fired).
+    fn await_loss(&self, key: &str, limit: Duration) -> (u64, u64) {
+        let line = self.expect(&format!("lost {key} "), limit);
+        let f: Vec<&str> = line.split(' ').collect();
+        (f[2].parse().expect("a time"), f[3].parse().expect("a time"))
+    }
+}
+
+/// The body of an agent process (a no-op in an ordinary test run). Commands on stdin, one a line:
+/// `try KEY MS` (try_lock), `unlock KEY`; EOF ends it. Answers on stdout: `acquire KEY granted AT
+/// TOKEN`, `acquire KEY none AT`, `acquire KEY error AT WHY`, `released KEY ok|lost|error WHY`,
+/// and, unasked, `lost KEY NOT_HELD_AT LOST_AT` once a held lock's `is_held()` turned false and
+/// its `lost()` fired (CLOCK_MONOTONIC ns).
+#[test]
+fn partition_agent() {
+    let Ok(name) = std::env::var(AGENT_ENV) else {
+        return;
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
+    let url = var("REDIS_URL");
+    let lease = ms(var("FENCELOCK_AGENT_LEASE_MS").parse().expect("ms"));
+    let dir = PathBuf::from(var("FENCELOCK_HISTORY_FILE_DIR"));
+    let recorder = Arc::new(Recorder::create(&dir.join(format!("agent-{name}.jsonl"))));
+    let client = LockClient::builder(url.as_str())
+        .namespace(NAMESPACE)
+        .lease(lease)
+        .response_timeout(ms(300))
+        .connection_timeout(ms(300))
+        .build()
+        .expect("a client");
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let say = {
+        let out = Arc::clone(&out);
+        move |line: String| {
+            let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    };
+    let mut held: BTreeMap<String, Watched> = BTreeMap::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["try", key, wait] => {
+                let wait = ms(wait.parse().expect("ms"));
+                recorder.invoke(&name, "acquire", key);
+                let result = client.try_lock(key, wait);
+                let at = monotonic_ns();
+                match result {
+                    Ok(Some(guard)) => {
+                        let token = guard.token().as_u64();
+                        recorder.record(
+                            &Event::new(&name, Type::Ok, "acquire", Some(key))
+                                .at(at)
+                                .token(token),
+                        );
+                        held.insert(
+                            (*key).to_owned(),
+                            Watched::start(guard, at, (*key).to_owned(), say.clone()),
+                        );
+                        say(format!("acquire {key} granted {at} {token}"));
+                    }
+                    Ok(None) => {
+                        recorder
+                            .record(&Event::new(&name, Type::Fail, "acquire", Some(key)).at(at));
+                        say(format!("acquire {key} none {at}"));
+                    }
+                    Err(e) => {
+                        recorder.record(
+                            &Event::new(&name, outcome_of(&e), "acquire", Some(key))
+                                .at(at)
+                                .error(&e),
+                        );
+                        say(format!("acquire {key} error {at} {e}"));
+                    }
+                }
+            }
+            ["unlock", key] => {
+                let watched = held.remove(*key).expect("unlock of a key not held");
+                let (guard, last_held) = watched.stop();
+                recorder.record(
+                    &Event::new(&name, Type::Invoke, "release", Some(key)).last_held(last_held),
+                );
+                let (kind, said) = match guard.unlock() {
+                    Ok(()) => (Type::Ok, "ok".to_owned()),
+                    Err(e) if e.is_lock_lost() => (Type::Fail, "lost".to_owned()),
+                    Err(e) => (outcome_of(&e), format!("error {e}")),
+                };
+                recorder.record(&Event::new(&name, kind, "release", Some(key)));
+                say(format!("released {key} {said}"));
+            }
+            other => panic!("agent {name}: unknown command {other:?}"),
+        }
+    }
+}
+
+/// A held guard and the thread watching it: every millisecond a look at `is_held()` (the time
+/// before the last true one is the hold's end) and at `lost()`.
+struct Watched {
+    stop: Arc<AtomicBool>,
+    last_held: Arc<AtomicU64>,
+    thread: thread::JoinHandle<LockGuard>,
+}
+
+impl Watched {
+    fn start(
+        guard: LockGuard,
+        granted: u64,
+        key: String,
+        say: impl Fn(String) + Send + 'static,
+    ) -> Watched {
+        let stop = Arc::new(AtomicBool::new(false));
+        let last_held = Arc::new(AtomicU64::new(granted));
+        let thread = {
+            let (stop, last_held) = (Arc::clone(&stop), Arc::clone(&last_held));
+            thread::spawn(move || {
+                let (mut not_held, mut lost) = (None, None);
+                while !stop.load(Ordering::SeqCst) {
+                    let now = monotonic_ns();
+                    if guard.is_held() {
+                        last_held.store(now, Ordering::SeqCst);
+                    } else if not_held.is_none() {
+                        not_held = Some(monotonic_ns());
+                    }
+                    if lost.is_none() && guard.lost().recv_timeout(ms(1)).is_ok_or_disconnected() {
+                        lost = Some(monotonic_ns());
+                    }
+                    if let (Some(n), Some(l)) = (not_held, lost) {
+                        say(format!("lost {key} {n} {l}"));
+                        // Reported once; the guard waits for its unlock.
+                        while !stop.load(Ordering::SeqCst) {
+                            thread::sleep(ms(2));
+                        }
+                        break;
+                    }
+                    if lost.is_some() {
+                        thread::sleep(ms(1));
+                    }
+                }
+                guard
+            })
+        };
+        Watched {
+            stop,
+            last_held,
+            thread,
+        }
+    }
+
+    /// Stops the watcher: the guard and the last time it was seen held.
+    fn stop(self) -> (LockGuard, u64) {
+        self.stop.store(true, Ordering::SeqCst);
+        let guard = self.thread.join().expect("the watcher panicked");
+        (guard, self.last_held.load(Ordering::SeqCst))
+    }
+}
+
+/// `recv_timeout` said the channel is ready: a value, or disconnected (both mean lost).
+trait Fired {
+    fn is_ok_or_disconnected(&self) -> bool;
+}
+
+impl Fired for Result<(), crossbeam_channel::RecvTimeoutError> {
+    fn is_ok_or_disconnected(&self) -> bool {
+        !matches!(self, Err(crossbeam_channel::RecvTimeoutError::Timeout))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A history directory and its verdict
+// ---------------------------------------------------------------------------
+
+/// A temporary history directory (kept, and named, if the test fails).
+struct History {
+    dir: PathBuf,
+    nemesis: Recorder,
+}
+
+impl History {
+    fn new(name: &str) -> History {
+        let dir = unique_temp_dir(&format!("fencelock-partition-{name}"));
+        let nemesis = Recorder::create(&dir.join("nemesis.jsonl"));
+        History { dir, nemesis }
+    }
+
+    /// Records a partition's start; `what` says who was cut from whom.
+    fn partition(&self, what: &str, planned: Duration) {
+        self.nemesis.record(
+            &Event::new("nemesis", Type::Invoke, "partition", None)
+                .value(planned.as_millis() as i64)
+                .target(what),
+        );
+    }
+
+    fn healed(&self) {
+        self.nemesis
+            .record(&Event::new("nemesis", Type::Ok, "partition", None));
+    }
+
+    fn check(&self) -> Verdict {
+        let verdict = check(&self.dir);
+        println!("{}", verdict.output);
+        verdict
+    }
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!("the history stays in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn secs(ns: u64, origin: u64) -> String {
+    format!("{:.3}s", ns.saturating_sub(origin) as f64 / 1e9)
+}
+
+// ---------------------------------------------------------------------------
+// One server: the cut holder learns of its loss before another is granted
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_holder_cut_from_its_server_learns_of_the_loss_before_another_is_granted() {
+    let lease = ms(500);
+    let network = Network::new(&["server", "a", "b"]);
+    let server = NsRedis::start(&network, network.node("server"), &[]);
+    let history = History::new("cut-holder");
+    let mut a = Agent::spawn(
+        &network,
+        network.node("a"),
+        &server.url(),
+        lease,
+        &history.dir,
+    );
+    let mut b = Agent::spawn(
+        &network,
+        network.node("b"),
+        &server.url(),
+        lease,
+        &history.dir,
+    );
+
+    let (first, _, line) = a.try_lock("k", ms(2000));
+    let first = first.unwrap_or_else(|| panic!("a was not granted k: {line}"));
+    // Renewal runs a few rounds before the cut.
+    thread::sleep(lease);
+
+    history.partition("a from the server", lease * 4);
+    let cut_at = monotonic_ns();
+    network.cut(network.node("a"), server.node());
+    let (second, granted_at, line) = b.try_lock("k", lease * 6);
+    let second = second.unwrap_or_else(|| panic!("b was not granted k while a was cut: {line}"));
+    let (not_held_at, lost_at) = a.await_loss("k", lease * 4);
+    network.heal(network.node("a"), server.node());
+    history.healed();
+
+    println!(
+        "cut at 0: a saw is_held() false at {}, lost() fired at {}, b granted at {} \
+         (token {first} then {second})",
+        secs(not_held_at, cut_at),
+        secs(lost_at, cut_at),
+        secs(granted_at, cut_at)
+    );
+    assert!(second > first, "tokens: {first} then {second}");
+    assert!(
+        not_held_at <= granted_at && lost_at <= granted_at,
+        "a learned of its loss (is_held() false at {}, lost() at {}) after b was granted at {}",
+        secs(not_held_at, cut_at),
+        secs(lost_at, cut_at),
+        secs(granted_at, cut_at)
+    );
+    // Within about a lease of the cut: the last renewal before it was at most a third of a
+    // lease earlier. Loose: twice that.
+    assert!(
+        lost_at - cut_at <= 2 * lease.as_nanos() as u64,
+        "lost() fired {} after the cut, lease {lease:?}",
+        secs(lost_at, cut_at)
+    );
+    assert_eq!(a.unlock("k"), "lost", "a's unlock after the heal");
+    assert_eq!(b.unlock("k"), "ok", "b's unlock");
+    drop((a, b));
+
+    let v = history.check();
+    assert_eq!(v.code, 0, "{}", v.output);
+    assert_eq!(v.count("grants"), 2, "{}", v.output);
+}
+
+// ---------------------------------------------------------------------------
+// A quorum of five: a majority side and a minority side
+// ---------------------------------------------------------------------------
+
+#[test]
+fn quorum_split_minority_cannot_lock_and_loses_its_holds_majority_can() {
+    let lease = ms(600);
+    let names = ["m0", "m1", "m2", "m3", "m4", "maj", "min"];
+    let network = Network::new(&names);
+    let masters: Vec<NsRedis> = names[..5]
+        .iter()
+        .map(|m| NsRedis::start(&network, network.node(m), &[]))
+        .collect();
+    let url = format!(
+        "redis+quorum://{}",
+        masters
+            .iter()
+            .map(NsRedis::host)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let history = History::new("quorum-split");
+    let mut maj = Agent::spawn(&network, network.node("maj"), &url, lease, &history.dir);
+    let mut min = Agent::spawn(&network, network.node("min"), &url, lease, &history.dir);
+    let node = |n: &str| network.node(n);
+    let majority = [node("m0"), node("m1"), node("m2"), node("maj")];
+    let minority = [node("m3"), node("m4"), node("min")];
+
+    let mut tokens = Vec::new();
+    for round in 0..2 {
+        // Before the split, the client of the minority side takes the lock.
+        let (held, _, line) = min.try_lock("q", ms(3000));
+        let held = held.unwrap_or_else(|| panic!("round {round}: min was not granted q: {line}"));
+        tokens.push(held);
+        thread::sleep(lease / 2);
+
+        history.partition("m3, m4, min from m0, m1, m2, maj", lease * 4);
+        let cut_at = monotonic_ns();
+        network.split(&majority, &minority);
+        let split_in = monotonic_ns() - cut_at;
+        // The majority side is granted the lock once the minority's hold ran out...
+        let (taken, granted_at, line) = maj.try_lock("q", lease * 6);
+        let taken = taken.unwrap_or_else(|| panic!("round {round}: maj was not granted q: {line}"));
+        tokens.push(taken);
+        // ...and the minority's holder was told before.
+        let (not_held_at, lost_at) = min.await_loss("q", lease * 4);
+        // A fresh key: the majority side gets it, the minority side gets nothing.
+        let (fresh, _, line) = maj.try_lock(&format!("r{round}"), ms(2000));
+        assert!(fresh.is_some(), "round {round}: maj, fresh key: {line}");
+        let started = Instant::now();
+        let (refused, _, line) = min.try_lock(&format!("s{round}"), ms(1000));
+        assert!(
+            refused.is_none(),
+            "round {round}: min was granted a key with three masters out of reach: {line}"
+        );
+        let refused_in = started.elapsed();
+        network.heal_all();
+        history.healed();
+
+        println!(
+            "round {round}: split at 0 (made in {:.3}s): min saw is_held() false at {}, lost() at \
+             {}; maj granted at {}; min's try_lock(1 s) answered {line:?} after {refused_in:?}",
+            split_in as f64 / 1e9,
+            secs(not_held_at, cut_at),
+            secs(lost_at, cut_at),
+            secs(granted_at, cut_at)
+        );
+        assert!(
+            lost_at <= granted_at && not_held_at <= granted_at,
+            "round {round}: min learned of its loss after maj was granted"
+        );
+        assert!(
+            lost_at - cut_at <= 2 * lease.as_nanos() as u64,
+            "round {round}: lost() fired {} after the split (lease {lease:?})",
+            secs(lost_at, cut_at)
+        );
+        assert!(
+            refused_in < ms(1000) + ms(1500),
+            "round {round}: min's try_lock(1 s) took {refused_in:?}"
+        );
+        // Right after the heal, min's connections to m0..m2 still wait out TCP's retransmission
+        // backoff: its release may time out (an unknown outcome) rather than say lost.
+        let released = min.unlock("q");
+        assert!(
+            released == "lost" || released.contains("did not reply in time"),
+            "round {round}: min's unlock after the heal: {released}"
+        );
+        assert_eq!(maj.unlock("q"), "ok", "round {round}: maj's unlock of q");
+        assert_eq!(maj.unlock(&format!("r{round}")), "ok", "round {round}");
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens do not rise: {tokens:?}"
+    );
+    drop((maj, min));
+
+    let v = history.check();
+    assert_eq!(v.code, 0, "{}", v.output);
+    assert_eq!(v.count("grants"), 6, "{}", v.output);
+}
+
+// ---------------------------------------------------------------------------
+// The locked-set workload with a holder cut from the lock's server
+// ---------------------------------------------------------------------------
+
+/// What a partitioned run gave.
+struct Partitioned {
+    verdict: Verdict,
+    cuts: u64,
+    _history: History,
+}
+
+/// The locked set of tests/history on one lock server, with the counters on a second server,
+/// each worker process in its own node; the nemesis cuts a worker that just read a counter from
+/// the lock's server (not from the counters') for four leases.
+fn run_partitioned_set(store: Store) -> Partitioned {
+    assert!(
+        store != Store::Postgres,
+        "the counters live on a redis-server of the network"
+    );
+    let secs_run: u64 = std::env::var("FENCELOCK_HISTORY_SECS")
+        .ok()
+        .map(|s| s.parse().expect("FENCELOCK_HISTORY_SECS: whole seconds"))
+        .unwrap_or(8);
+    let duration = Duration::from_secs(secs_run);
+    let seed: u64 = std::env::var("FENCELOCK_HISTORY_SEED")
+        .ok()
+        .map(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hexadecimal"))
+        .unwrap_or_else(|| monotonic_ns() | 1);
+    let mut names = vec!["lock".to_owned(), "store".to_owned()];
+    names.extend((0..PROCESSES).map(|i| format!("c{i}")));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let network = Network::new(&names);
+    let lock = NsRedis::start(&network, network.node("lock"), &[]);
+    let data = NsRedis::start(&network, network.node("store"), &[]);
+    let history = History::new(&format!("set-{}", store.name()));
+    println!(
+        "partitioned locked set through {}: {secs_run} s, seed {seed:x}, history in {}",
+        store.name(),
+        history.dir.display()
+    );
+
+    let test = Recorder::create(&history.dir.join("test.jsonl"));
+    let read_counters = || {
+        let url = data.url();
+        data.node().run(|| {
+            let fenced = FencedRedis::builder(url.as_str())
+                .namespace(NAMESPACE)
+                .build()
+                .expect("a store");
+            let mut con = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+                .expect("a connection to the counters");
+            for k in 0..KEYS {
+                let key = key_name(k);
+                test.invoke("test", "read", &key);
+                let value: i64 = match store {
+                    Store::Unfenced => redis::cmd("GET")
+                        .arg(counter_key(&key))
+                        .query::<Option<i64>>(&mut con)
+                        .expect("GET counter")
+                        .unwrap_or(0),
+                    _ => fenced.get_i64(&key).expect("get counter").unwrap_or(0),
+                };
+                test.record(&Event::new("test", Type::Ok, "read", Some(&key)).value(value));
+            }
+        });
+    };
+    read_counters();
+
+    let env: Vec<(&str, String)> = vec![
+        ("REDIS_URL", lock.url()),
+        ("FENCELOCK_HISTORY_STORE_URL", data.url()),
+        ("FENCELOCK_HISTORY_STORE", store.name().to_owned()),
+        (
+            "FENCELOCK_HISTORY_FILE_DIR",
+            history.dir.display().to_string(),
+        ),
+        ("FENCELOCK_HISTORY_SEED", format!("{seed:x}")),
+        ("FENCELOCK_HISTORY_LIMIT", (secs_run + 60).to_string()),
+        // Work of up to three leases between a read and its write: a holder cut right after
+        // its read is still working when its lease has run out and another holder has written.
+        ("FENCELOCK_HISTORY_WORK_MS", (LEASE_MS * 3).to_string()),
+        ("FENCELOCK_HISTORY_TABLE", String::new()),
+    ];
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let workers: Vec<Mutex<Worker>> = (0..PROCESSES)
+        .map(|i| {
+            let node = network.node(&format!("c{i}"));
+            Mutex::new(Worker::spawn_as(i, &env, network.command(node, &exe)))
+        })
+        .collect();
+
+    let mut rng = Rng(seed);
+    let lease = ms(LEASE_MS);
+    let started = Instant::now();
+    let mut cuts = 0;
+    const MIN_CUTS: u64 = 3;
+    while started.elapsed() < duration || (cuts < MIN_CUTS && started.elapsed() < duration * 2) {
+        thread::sleep(lease * 2 + ms(rng.below(LEASE_MS)));
+        let target = rng.below(PROCESSES as u64) as usize;
+        let worker = workers[target].lock().unwrap();
+        // A read whose holder then works for two leases or more: cut now, it is still working
+        // when its lease has run out and another holder may have read and written.
+        if !worker.await_read_with_work(lease * 4, lease * 2) {
+            continue;
+        }
+        let node = network.node(&format!("c{target}"));
+        history.partition(
+            &format!("worker {target} from the lock's server"),
+            lease * 4,
+        );
+        network.cut(node, lock.node());
+        thread::sleep(lease * 4);
+        network.heal(node, lock.node());
+        history.healed();
+        cuts += 1;
+    }
+    for (i, worker) in workers.iter().enumerate() {
+        if let Err(e) = worker.lock().unwrap().finish(Duration::from_secs(30)) {
+            panic!("worker {i}: {e}");
+        }
+    }
+    read_counters();
+    drop(workers);
+    Partitioned {
+        verdict: history.check(),
+        cuts,
+        _history: history,
+    }
+}
+
+fn assert_busy(run: &Partitioned) {
+    let v = &run.verdict;
+    assert!(v.count("grants") >= 20, "too few grants:\n{}", v.output);
+    assert!(
+        v.count("increments") >= 10,
+        "too few increments:\n{}",
+        v.output
+    );
+    assert!(run.cuts >= 1, "no partition was made:\n{}", v.output);
+}
+
+#[test]
+fn partitioned_set_without_a_fence_loses_updates() {
+    let run = run_partitioned_set(Store::Unfenced);
+    let v = &run.verdict;
+    assert_busy(&run);
+    assert_eq!(v.count("mutex_violations"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
+    assert!(
+        v.count("lost_updates") >= 1,
+        "no update lost without a fence under {} partitions: the nemesis did not bite\n{}",
+        run.cuts,
+        v.output
+    );
+}
+
+#[test]
+fn partitioned_set_through_fenced_redis_loses_no_update() {
+    let run = run_partitioned_set(Store::FencedRedis);
+    assert_busy(&run);
+    assert_eq!(run.verdict.code, 0, "{}", run.verdict.output);
+}
