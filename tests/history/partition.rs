@@ -359,6 +359,14 @@ fn a_holder_cut_from_its_server_learns_of_the_loss_before_another_is_granted() {
         secs(lost_at, cut_at),
         secs(granted_at, cut_at)
     );
+    assert_eq!(a.unlock("k"), "lost", "a's unlock after the heal");
+    assert_eq!(b.unlock("k"), "ok", "b's unlock");
+    drop((a, b));
+
+    // The checker first: a's hold, as a saw it, must end before b's begins.
+    let v = history.check();
+    assert_eq!(v.code, 0, "{}", v.output);
+    assert_eq!(v.count("grants"), 2, "{}", v.output);
     assert!(second > first, "tokens: {first} then {second}");
     assert!(
         not_held_at <= granted_at && lost_at <= granted_at,
@@ -374,13 +382,6 @@ fn a_holder_cut_from_its_server_learns_of_the_loss_before_another_is_granted() {
         "lost() fired {} after the cut, lease {lease:?}",
         secs(lost_at, cut_at)
     );
-    assert_eq!(a.unlock("k"), "lost", "a's unlock after the heal");
-    assert_eq!(b.unlock("k"), "ok", "b's unlock");
-    drop((a, b));
-
-    let v = history.check();
-    assert_eq!(v.code, 0, "{}", v.output);
-    assert_eq!(v.count("grants"), 2, "{}", v.output);
 }
 
 // ---------------------------------------------------------------------------
