@@ -489,21 +489,6 @@ impl Worker {
             .unwrap_or_else(|e| panic!("writing to a worker: {e}"));
     }
 
-    /// The next line starting with `prefix`, skipping others, within `limit`; `Err` lists the
-    /// lines skipped.
-    fn expect(&self, prefix: &str, limit: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + limit;
-        let mut skipped = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return Ok(line),
-                Ok(line) => skipped.push(line),
-                Err(e) => return Err(format!("{e}; lines skipped: {skipped:?}")),
-            }
-        }
-    }
-
     /// Waits up to `wait` for a line saying one of its threads just read a counter.
     fn await_read(&self, wait: Duration) -> bool {
         self.await_read_with_work(wait, Duration::ZERO)

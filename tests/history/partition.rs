@@ -26,7 +26,7 @@ use fencelock::{FencedRedis, LockClient, LockGuard};
 
 use super::recorder::{monotonic_ns, outcome_of, Event, Recorder, Type};
 use super::support::netns::{Network, Node, NsRedis};
-use super::support::{ms, unique_temp_dir, Rng, NAMESPACE};
+use super::support::{self, ms, unique_temp_dir, Rng, NAMESPACE};
 use super::{check, counter_key, key_name, Store, Verdict, Worker, KEYS, LEASE_MS, PROCESSES};
 
 const AGENT_ENV: &str = "FENCELOCK_PARTITION_AGENT";
@@ -41,21 +41,38 @@ const AGENT_ENV: &str = "FENCELOCK_PARTITION_AGENT";
 struct Agent {
     worker: Worker,
     name: String,
+    /// Lines received but not yet asked for (a loss reported while waiting for a reply).
+    pending: Vec<String>,
 }
 
 impl Agent {
     fn spawn(network: &Network, node: &Node, url: &str, lease: Duration, dir: &Path) -> Agent {
+        Agent::spawn_with(network, node, url, lease, dir, &[])
+    }
+
+    /// [`Agent::spawn`] with more of its environment: `FENCELOCK_AGENT_ACKS` (`N:MS`, the
+    /// client's `min_replica_acks`), `FENCELOCK_AGENT_STORE_URL` (the counters' `FencedRedis`).
+    fn spawn_with(
+        network: &Network,
+        node: &Node,
+        url: &str,
+        lease: Duration,
+        dir: &Path,
+        more: &[(&str, String)],
+    ) -> Agent {
         let exe = std::env::current_exe().expect("the test binary's path");
-        let env = [
+        let mut env = vec![
             ("REDIS_URL", url.to_owned()),
             ("FENCELOCK_AGENT_LEASE_MS", lease.as_millis().to_string()),
             ("FENCELOCK_HISTORY_FILE_DIR", dir.display().to_string()),
         ];
+        env.extend(more.iter().cloned());
         let mut cmd = network.command(node, exe);
         cmd.env(AGENT_ENV, &node.name);
         Agent {
             worker: Worker::spawn_as_test("partition::partition_agent", &env, cmd),
             name: node.name.clone(),
+            pending: Vec::new(),
         }
     }
 
@@ -64,13 +81,22 @@ impl Agent {
     }
 
     /// The next line starting with `prefix` (others skipped), within `limit`.
-    fn expect(&self, prefix: &str, limit: Duration) -> String {
-        self.worker.expect(prefix, limit).unwrap_or_else(|seen| {
-            panic!(
-                "agent {}: no {prefix:?} within {limit:?}: {seen}",
-                self.name
-            )
-        })
+    fn expect(&mut self, prefix: &str, limit: Duration) -> String {
+        if let Some(i) = self.pending.iter().position(|l| l.starts_with(prefix)) {
+            return self.pending.remove(i);
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.worker.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(line) => self.pending.push(line),
+                Err(e) => panic!(
+                    "agent {}: no {prefix:?} within {limit:?} ({e}); lines not asked for: {:?}",
+                    self.name, self.pending
+                ),
+            }
+        }
     }
 
     /// `try KEY MS`: the token, or `None` (not granted, or an error), and when the call returned.
@@ -91,9 +117,24 @@ impl Agent {
         line[format!("released {key} ").len()..].to_owned()
     }
 
+    /// `held KEY`: whether its guard says held now.
+    fn is_held(&mut self, key: &str) -> bool {
+        self.send(&format!("held {key}"));
+        let line = self.expect(&format!("held {key} "), Duration::from_secs(10));
+        line.ends_with(" true")
+    }
+
+    /// `incr KEY`: claim with the key's token, read, write the value plus one; what it said
+    /// (`ok READ`, `refused WHY`, `unknown WHY`).
+    fn incr(&mut self, key: &str) -> String {
+        self.send(&format!("incr {key}"));
+        let line = self.expect(&format!("incr {key} "), Duration::from_secs(10));
+        line[format!("incr {key} ").len()..].to_owned()
+    }
+
     /// Waits up to `limit` for the agent to say it lost `key`: (when `is_held()` was first seen
     /// false, when `lost()` fired).
-    fn await_loss(&self, key: &str, limit: Duration) -> (u64, u64) {
+    fn await_loss(&mut self, key: &str, limit: Duration) -> (u64, u64) {
         let line = self.expect(&format!("lost {key} "), limit);
         let f: Vec<&str> = line.split(' ').collect();
         (f[2].parse().expect("a time"), f[3].parse().expect("a time"))
@@ -115,13 +156,24 @@ fn partition_agent() {
     let lease = ms(var("FENCELOCK_AGENT_LEASE_MS").parse().expect("ms"));
     let dir = PathBuf::from(var("FENCELOCK_HISTORY_FILE_DIR"));
     let recorder = Arc::new(Recorder::create(&dir.join(format!("agent-{name}.jsonl"))));
-    let client = LockClient::builder(url.as_str())
+    let mut builder = LockClient::builder(url.as_str())
         .namespace(NAMESPACE)
         .lease(lease)
         .response_timeout(ms(300))
-        .connection_timeout(ms(300))
-        .build()
-        .expect("a client");
+        .connection_timeout(ms(300));
+    if let Ok(acks) = std::env::var("FENCELOCK_AGENT_ACKS") {
+        let (n, wait) = acks.split_once(':').expect("N:MS");
+        builder = builder.min_replica_acks(n.parse().expect("N"), ms(wait.parse().expect("MS")));
+    }
+    let client = builder.build().expect("a client");
+    let store = std::env::var("FENCELOCK_AGENT_STORE_URL").ok().map(|url| {
+        FencedRedis::builder(url.as_str())
+            .namespace(NAMESPACE)
+            .response_timeout(ms(300))
+            .connection_timeout(ms(300))
+            .build()
+            .expect("a store")
+    });
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let say = {
         let out = Arc::clone(&out);
@@ -170,6 +222,44 @@ fn partition_agent() {
                     }
                 }
             }
+            ["held", key] => {
+                let held = held.get(*key).is_some_and(|w| w.is_held());
+                say(format!("held {key} {held}"));
+            }
+            ["incr", key] => {
+                let token = held.get(*key).expect("incr of a key not held").token;
+                let store = store.as_ref().expect("FENCELOCK_AGENT_STORE_URL not set");
+                recorder.invoke(&name, "incr", key);
+                let read = store
+                    .claim(key, token)
+                    .and_then(|()| store.get_i64(key))
+                    .map(|v| v.unwrap_or(0));
+                let (event, said) = match read {
+                    // Nothing written yet: an error is a failure.
+                    Err(e) => (
+                        Event::new(&name, Type::Fail, "incr", Some(key)).error(&e),
+                        format!("refused {e}"),
+                    ),
+                    Ok(value) => match store.set(key, token, (value + 1).to_string()) {
+                        Ok(()) => (
+                            Event::new(&name, Type::Ok, "incr", Some(key))
+                                .read(value)
+                                .value(value + 1),
+                            format!("ok {value}"),
+                        ),
+                        Err(e) if outcome_of(&e) == Type::Unknown => (
+                            Event::new(&name, Type::Unknown, "incr", Some(key)).error(&e),
+                            format!("unknown {e}"),
+                        ),
+                        Err(e) => (
+                            Event::new(&name, Type::Fail, "incr", Some(key)).error(&e),
+                            format!("refused {e}"),
+                        ),
+                    },
+                };
+                recorder.record(&event);
+                say(format!("incr {key} {said}"));
+            }
             ["unlock", key] => {
                 let watched = held.remove(*key).expect("unlock of a key not held");
                 let (guard, last_held) = watched.stop();
@@ -192,6 +282,9 @@ fn partition_agent() {
 /// A held guard and the thread watching it: every millisecond a look at `is_held()` (the time
 /// before the last true one is the hold's end) and at `lost()`.
 struct Watched {
+    token: fencelock::FencingToken,
+    /// Whether the last look at `is_held()` said true.
+    held_now: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     last_held: Arc<AtomicU64>,
     thread: thread::JoinHandle<LockGuard>,
@@ -204,17 +297,22 @@ impl Watched {
         key: String,
         say: impl Fn(String) + Send + 'static,
     ) -> Watched {
+        let token = guard.token();
         let stop = Arc::new(AtomicBool::new(false));
+        let held_now = Arc::new(AtomicBool::new(true));
         let last_held = Arc::new(AtomicU64::new(granted));
         let thread = {
             let (stop, last_held) = (Arc::clone(&stop), Arc::clone(&last_held));
+            let held_now = Arc::clone(&held_now);
             thread::spawn(move || {
                 let (mut not_held, mut lost) = (None, None);
                 while !stop.load(Ordering::SeqCst) {
                     let now = monotonic_ns();
                     if guard.is_held() {
                         last_held.store(now, Ordering::SeqCst);
+                        held_now.store(true, Ordering::SeqCst);
                     } else if not_held.is_none() {
+                        held_now.store(false, Ordering::SeqCst);
                         not_held = Some(monotonic_ns());
                     }
                     if lost.is_none() && guard.lost().recv_timeout(ms(1)).is_ok_or_disconnected() {
@@ -236,10 +334,16 @@ impl Watched {
             })
         };
         Watched {
+            token,
+            held_now,
             stop,
             last_held,
             thread,
         }
+    }
+
+    fn is_held(&self) -> bool {
+        self.held_now.load(Ordering::SeqCst)
     }
 
     /// Stops the watcher: the guard and the last time it was seen held.
@@ -483,6 +587,238 @@ fn quorum_split_minority_cannot_lock_and_loses_its_holds_majority_can() {
     let v = history.check();
     assert_eq!(v.code, 0, "{}", v.output);
     assert_eq!(v.count("grants"), 6, "{}", v.output);
+}
+
+// ---------------------------------------------------------------------------
+// Sentinel: the master cut from its replicas and sentinels, but not from one client
+// ---------------------------------------------------------------------------
+
+const MASTER_NAME: &str = "mymaster";
+
+/// What a Sentinel partition run saw.
+struct SentinelRun {
+    verdict: Verdict,
+    /// The old client's hold, seen held by its guard after the new client was granted.
+    old_held_after_failover: bool,
+    /// What the old client's increment said after the new client's.
+    old_incr: String,
+    /// Whether the old client was granted a fresh key on the isolated old master.
+    old_fresh_granted: bool,
+    /// The old client's loss (`lost()` fired) and the new client's grant, ns after the cut.
+    old_lost_after: Option<u64>,
+    new_granted_after: u64,
+    tokens: (u64, u64),
+    _history: History,
+}
+
+/// A master `m`, replicas `r1` and `r2`, sentinels `s1`..`s3` (quorum 2, down after 1 s), and
+/// a `FencedRedis` store on a server of its own. Client `old` takes `k` and increments its
+/// counter; then `m` and `old` are cut from everyone else (the store excepted). The sentinels
+/// promote a replica; client `new` takes `k` there and increments; `old` increments again and
+/// tries a fresh key on `m`. `acks`: the clients' `min_replica_acks`.
+fn run_sentinel_partition(acks: Option<(u32, u64)>) -> SentinelRun {
+    let lease = ms(600);
+    let names = ["m", "r1", "r2", "s1", "s2", "s3", "store", "old", "new"];
+    let network = Network::new(&names);
+    let node = |n: &str| network.node(n);
+    let master = NsRedis::start(&network, node("m"), &["--repl-diskless-sync-delay", "0"]);
+    let replicas = [
+        NsRedis::start_replica(&network, node("r1"), &master),
+        NsRedis::start_replica(&network, node("r2"), &master),
+    ];
+    support::poll_until(Duration::from_secs(20), ms(50), || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut master.connection())
+            .map_err(|e| e.to_string())?;
+        let online = info.lines().filter(|l| l.contains("state=online")).count();
+        (online == 2).then_some(()).ok_or(info)
+    })
+    .unwrap_or_else(|info| panic!("the replicas did not come online:\n{info}"));
+    let config = format!(
+        "sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+         sentinel failover-timeout {MASTER_NAME} 5000\n\
+         sentinel parallel-syncs {MASTER_NAME} 1"
+    );
+    let sentinels: Vec<NsRedis> = ["s1", "s2", "s3"]
+        .iter()
+        .map(|s| NsRedis::start_sentinel(&network, node(s), &master, MASTER_NAME, 2, &config))
+        .collect();
+    for sentinel in &sentinels {
+        support::poll_until(Duration::from_secs(30), ms(50), || {
+            let fields: Vec<String> = redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(MASTER_NAME)
+                .query(&mut sentinel.connection())
+                .map_err(|e| e.to_string())?;
+            let get = |name: &str| {
+                fields
+                    .iter()
+                    .position(|f| f == name)
+                    .and_then(|i| fields.get(i + 1))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let (replicas, others) = (get("num-slaves"), get("num-other-sentinels"));
+            (replicas == "2" && others == "2")
+                .then_some(())
+                .ok_or(format!("{replicas} replicas, {others} other sentinels"))
+        })
+        .unwrap_or_else(|why| panic!("a sentinel did not see the set: {why}"));
+    }
+    let store = NsRedis::start(&network, node("store"), &[]);
+    let url = format!(
+        "redis+sentinel://{}/{MASTER_NAME}",
+        sentinels
+            .iter()
+            .map(NsRedis::host)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let history = History::new(&format!(
+        "sentinel-{}",
+        if acks.is_some() { "acks" } else { "no-acks" }
+    ));
+    let read_counter = || {
+        let url = store.url();
+        let value = store.node().run(|| {
+            FencedRedis::builder(url.as_str())
+                .namespace(NAMESPACE)
+                .build()
+                .and_then(|s| s.get_i64("k"))
+                .expect("the counter")
+                .unwrap_or(0)
+        });
+        history.nemesis.invoke("test", "read", "k");
+        history
+            .nemesis
+            .record(&Event::new("test", Type::Ok, "read", Some("k")).value(value));
+    };
+    read_counter();
+    let mut more = vec![("FENCELOCK_AGENT_STORE_URL", store.url())];
+    if let Some((n, wait)) = acks {
+        more.push(("FENCELOCK_AGENT_ACKS", format!("{n}:{wait}")));
+    }
+    let spawn =
+        |name: &str| Agent::spawn_with(&network, node(name), &url, lease, &history.dir, &more);
+    let (mut old, mut new) = (spawn("old"), spawn("new"));
+
+    let (first, _, line) = old.try_lock("k", ms(3000));
+    let first = first.unwrap_or_else(|| panic!("old was not granted k: {line}"));
+    let said = old.incr("k");
+    assert!(said.starts_with("ok"), "old's first increment: {said}");
+    thread::sleep(lease / 2);
+
+    history.partition("m and old from r1, r2, s1, s2, s3, new", Duration::ZERO);
+    let cut_at = monotonic_ns();
+    network.split(
+        &[node("m"), node("old")],
+        &[
+            node("r1"),
+            node("r2"),
+            node("s1"),
+            node("s2"),
+            node("s3"),
+            node("new"),
+        ],
+    );
+    // A failover takes the sentinels a few seconds: down after 1 s, then an election.
+    let (second, granted_at, line) = new.try_lock("k", Duration::from_secs(20));
+    let second = second.unwrap_or_else(|| {
+        panic!(
+            "new was not granted k after the failover: {line}\n{}",
+            sentinels[0].logs()
+        )
+    });
+    let said = new.incr("k");
+    assert!(said.starts_with("ok"), "new's increment: {said}");
+    let old_held_after_failover = old.is_held("k");
+    let old_incr = old.incr("k");
+    let (fresh, _, _) = old.try_lock("fresh", ms(1000));
+    let old_lost_after = (!old_held_after_failover).then(|| {
+        let (_, lost_at) = old.await_loss("k", Duration::from_secs(5));
+        lost_at - cut_at
+    });
+    network.heal_all();
+    history.healed();
+
+    // old's releases go to m, which may still be a master or is being turned into a replica:
+    // any outcome will do.
+    let _ = old.unlock("k");
+    if fresh.is_some() {
+        let _ = old.unlock("fresh");
+    }
+    let released = new.unlock("k");
+    assert_eq!(released, "ok", "new's unlock");
+    drop((old, new));
+    read_counter();
+    drop(replicas);
+    SentinelRun {
+        verdict: history.check(),
+        old_held_after_failover,
+        old_incr,
+        old_fresh_granted: fresh.is_some(),
+        old_lost_after,
+        new_granted_after: granted_at - cut_at,
+        tokens: (first, second),
+        _history: history,
+    }
+}
+
+#[test]
+fn sentinel_partition_without_replica_acks_two_holders_fencing_keeps_the_data() {
+    let run = run_sentinel_partition(None);
+    let v = &run.verdict;
+    println!(
+        "new granted {} after the cut; old still held: {}; old's increment: {}; old granted a \
+         fresh key on the isolated master: {}; tokens {:?}",
+        secs(run.new_granted_after, 0),
+        run.old_held_after_failover,
+        run.old_incr,
+        run.old_fresh_granted,
+        run.tokens
+    );
+    // The isolated master goes on renewing and granting for the client that reaches it: two
+    // holders of k at once, which the checker must see.
+    assert!(run.old_held_after_failover, "{}", v.output);
+    assert!(run.old_fresh_granted, "{}", v.output);
+    assert!(v.count("mutex_violations") >= 1, "{}", v.output);
+    // The fence keeps the data: old's increment with its older token is refused.
+    assert!(run.tokens.1 > run.tokens.0, "tokens {:?}", run.tokens);
+    assert!(
+        run.old_incr.starts_with("refused"),
+        "old's increment: {}",
+        run.old_incr
+    );
+    assert_eq!(v.count("lost_updates"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
+}
+
+#[test]
+fn sentinel_partition_with_replica_acks_the_isolated_master_grants_nothing() {
+    let run = run_sentinel_partition(Some((1, 200)));
+    let v = &run.verdict;
+    println!(
+        "new granted {} after the cut; old lost k {} after the cut; old's increment: {}; old \
+         granted a fresh key on the isolated master: {}; tokens {:?}",
+        secs(run.new_granted_after, 0),
+        run.old_lost_after
+            .map_or("never".to_owned(), |t| secs(t, 0)),
+        run.old_incr,
+        run.old_fresh_granted,
+        run.tokens
+    );
+    assert_eq!(v.code, 0, "{}", v.output);
+    assert!(!run.old_held_after_failover, "{}", v.output);
+    assert!(!run.old_fresh_granted, "{}", v.output);
+    let lost = run.old_lost_after.expect("old lost k");
+    assert!(
+        lost <= run.new_granted_after,
+        "old lost k {} after the cut, new was granted it {} after",
+        secs(lost, 0),
+        secs(run.new_granted_after, 0)
+    );
+    assert!(run.tokens.1 > run.tokens.0, "tokens {:?}", run.tokens);
 }
 
 // ---------------------------------------------------------------------------

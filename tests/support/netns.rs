@@ -379,35 +379,114 @@ impl Drop for Network {
     }
 }
 
-/// A `redis-server` inside a node, listening on the node's address, port 6379 (each namespace
-/// has ports of its own), with a temp dir of its own; killed, reaped and its dir removed on drop.
+/// A `redis-server` (a data server, or a sentinel) inside a node, listening on the node's
+/// address, port 6379 (a sentinel 26379; each namespace has ports of its own), with a temp dir of
+/// its own; killed, reaped and its dir removed on drop.
 pub struct NsRedis {
     child: Option<process::Child>,
     node: Node,
+    port: u16,
     dir: PathBuf,
 }
 
 impl NsRedis {
     pub const PORT: u16 = 6379;
+    pub const SENTINEL_PORT: u16 = 26379;
 
-    /// Starts it with `extra_args` appended, and returns once it answers PING from its node.
+    /// Starts a data server with `extra_args` appended, and returns once it answers PING from
+    /// its node.
     pub fn start(network: &Network, node: &Node, extra_args: &[&str]) -> NsRedis {
         let dir = unique_temp_dir("fencelock-netns-redis");
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--bind".into(),
+            node.addr().into(),
+            "--port".into(),
+            Self::PORT.to_string().into(),
+            "--dir".into(),
+            dir.clone().into(),
+            "--logfile".into(),
+            dir.join("redis.log").into(),
+        ];
+        // Clients come from other addresses than loopback, and there is no password.
+        for arg in [
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+        ] {
+            args.push(arg.into());
+        }
+        args.extend(extra_args.iter().map(|a| a.into()));
+        Self::spawn(network, node, Self::PORT, dir, args)
+    }
+
+    /// A replica of `master` (`--replicaof`, with diskless syncs that start at once).
+    pub fn start_replica(network: &Network, node: &Node, master: &NsRedis) -> NsRedis {
+        let port = master.port.to_string();
+        Self::start(
+            network,
+            node,
+            &[
+                "--replicaof",
+                &master.node.addr(),
+                &port,
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+        )
+    }
+
+    /// A sentinel in `node` that monitors `master` as `name`, with `config` (`sentinel ...`
+    /// lines: quorum, timeouts) after the monitor line.
+    pub fn start_sentinel(
+        network: &Network,
+        node: &Node,
+        master: &NsRedis,
+        name: &str,
+        quorum: u32,
+        config: &str,
+    ) -> NsRedis {
+        let dir = unique_temp_dir("fencelock-netns-sentinel");
+        let conf = dir.join("sentinel.conf");
+        // Sentinel rewrites its config file: it lives in the sentinel's own dir.
+        let text = format!(
+            "port {}\nbind {}\nprotected-mode no\ndaemonize no\ndir {}\nlogfile {}\n\
+             sentinel monitor {name} {} {} {quorum}\n{config}\n",
+            Self::SENTINEL_PORT,
+            node.addr(),
+            dir.display(),
+            dir.join("redis.log").display(),
+            master.node.addr(),
+            master.port,
+        );
+        fs::write(&conf, text).unwrap_or_else(|e| panic!("writing {}: {e}", conf.display()));
+        Self::spawn(
+            network,
+            node,
+            Self::SENTINEL_PORT,
+            dir,
+            vec![conf.into(), "--sentinel".into()],
+        )
+    }
+
+    fn spawn(
+        network: &Network,
+        node: &Node,
+        port: u16,
+        dir: PathBuf,
+        args: Vec<std::ffi::OsString>,
+    ) -> NsRedis {
         let bin = std::env::var_os("REDIS_SERVER_BIN")
             .filter(|b| !b.is_empty())
             .unwrap_or_else(|| "redis-server".into());
         let stdio = fs::File::create(dir.join("redis.stdio"))
             .unwrap_or_else(|e| panic!("cannot create a log file in {}: {e}", dir.display()));
         let mut cmd = network.command(node, &bin);
-        cmd.args(["--bind", &node.addr(), "--port", &Self::PORT.to_string()])
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            // Clients come from other addresses than loopback, and there is no password.
-            .args(["--protected-mode", "no"])
-            .args(extra_args)
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(stdio.try_clone().expect("a file handle"))
             .stderr(stdio);
@@ -420,6 +499,7 @@ impl NsRedis {
         let mut server = NsRedis {
             child: Some(child),
             node: node.clone(),
+            port,
             dir,
         };
         let ready = poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
@@ -451,14 +531,14 @@ impl NsRedis {
         &self.node
     }
 
-    /// `redis://10.213.0.N:6379/`
+    /// `redis://10.213.0.N:PORT/`
     pub fn url(&self) -> String {
-        format!("redis://{}:{}/", self.node.addr(), Self::PORT)
+        format!("redis://{}:{}/", self.node.addr(), self.port)
     }
 
-    /// `10.213.0.N:6379`
+    /// `10.213.0.N:PORT`
     pub fn host(&self) -> String {
-        format!("{}:{}", self.node.addr(), Self::PORT)
+        format!("{}:{}", self.node.addr(), self.port)
     }
 
     fn try_connection(&self, timeout: Duration) -> Result<redis::Connection, String> {
