@@ -11,8 +11,15 @@
 //! - A quorum of five masters: a split into a majority and a minority side. Clients on the
 //!   minority side cannot lock, those on the majority side can; a hold on the minority side is
 //!   reported lost within about a lease; tokens rise.
+//! - Sentinel: the master and one client cut from the replicas, the sentinels and the other
+//!   client. Without `min_replica_acks` the isolated master goes on renewing and granting (two
+//!   holders at once, which the checker reports) and `FencedRedis` refuses the old holder's
+//!   write; with it, the old holder loses its lock within about a lease and the isolated master
+//!   grants nothing.
 //!
-//! Needs root and `ip` (iproute2); see tests/support/netns.rs.
+//! `FENCELOCK_HISTORY_DIR` keeps the histories (in a directory per test and seed);
+//! `FENCELOCK_HISTORY_SECS` and `FENCELOCK_HISTORY_SEED` lengthen and repeat the partitioned
+//! locked set. Needs root and `ip` (iproute2); see tests/support/netns.rs.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -369,17 +376,30 @@ impl Fired for Result<(), crossbeam_channel::RecvTimeoutError> {
 // A history directory and its verdict
 // ---------------------------------------------------------------------------
 
-/// A temporary history directory (kept, and named, if the test fails).
+/// A history directory: temporary (kept, and named, if the test fails), or under
+/// `FENCELOCK_HISTORY_DIR`, kept.
 struct History {
     dir: PathBuf,
+    keep: bool,
     nemesis: Recorder,
 }
 
 impl History {
     fn new(name: &str) -> History {
-        let dir = unique_temp_dir(&format!("fencelock-partition-{name}"));
+        let (dir, keep) = match std::env::var("FENCELOCK_HISTORY_DIR") {
+            Ok(base) => {
+                let dir = Path::new(&base).join(format!("partition-{name}-{}", monotonic_ns()));
+                std::fs::create_dir_all(&dir)
+                    .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+                (dir, true)
+            }
+            Err(_) => (
+                unique_temp_dir(&format!("fencelock-partition-{name}")),
+                false,
+            ),
+        };
         let nemesis = Recorder::create(&dir.join("nemesis.jsonl"));
-        History { dir, nemesis }
+        History { dir, keep, nemesis }
     }
 
     /// Records a partition's start; `what` says who was cut from whom.
@@ -405,7 +425,9 @@ impl History {
 
 impl Drop for History {
     fn drop(&mut self) {
-        if thread::panicking() {
+        if self.keep {
+            println!("the history is in {}", self.dir.display());
+        } else if thread::panicking() {
             eprintln!("the history stays in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -906,10 +928,10 @@ fn run_partitioned_set(store: Store) -> Partitioned {
         ("FENCELOCK_HISTORY_TABLE", String::new()),
     ];
     let exe = std::env::current_exe().expect("the test binary's path");
-    let workers: Vec<Mutex<Worker>> = (0..PROCESSES)
+    let mut workers: Vec<Worker> = (0..PROCESSES)
         .map(|i| {
             let node = network.node(&format!("c{i}"));
-            Mutex::new(Worker::spawn_as(i, &env, network.command(node, &exe)))
+            Worker::spawn_as(i, &env, network.command(node, &exe))
         })
         .collect();
 
@@ -920,13 +942,11 @@ fn run_partitioned_set(store: Store) -> Partitioned {
     const MIN_CUTS: u64 = 3;
     while started.elapsed() < duration || (cuts < MIN_CUTS && started.elapsed() < duration * 2) {
         thread::sleep(lease * 2 + ms(rng.below(LEASE_MS)));
-        let target = rng.below(PROCESSES as u64) as usize;
-        let worker = workers[target].lock().unwrap();
         // A read whose holder then works for two leases or more: cut now, it is still working
         // when its lease has run out and another holder may have read and written.
-        if !worker.await_read_with_work(lease * 4, lease * 2) {
+        let Some(target) = await_long_read(&workers, lease * 4, lease * 2) else {
             continue;
-        }
+        };
         let node = network.node(&format!("c{target}"));
         history.partition(
             &format!("worker {target} from the lock's server"),
@@ -938,8 +958,8 @@ fn run_partitioned_set(store: Store) -> Partitioned {
         history.healed();
         cuts += 1;
     }
-    for (i, worker) in workers.iter().enumerate() {
-        if let Err(e) = worker.lock().unwrap().finish(Duration::from_secs(30)) {
+    for (i, worker) in workers.iter_mut().enumerate() {
+        if let Err(e) = worker.finish(Duration::from_secs(30)) {
             panic!("worker {i}: {e}");
         }
     }
@@ -950,6 +970,31 @@ fn run_partitioned_set(store: Store) -> Partitioned {
         cuts,
         _history: history,
     }
+}
+
+/// Waits up to `wait` for a worker to say one of its threads read a counter and will work for
+/// `work` or more before writing it; which worker.
+fn await_long_read(workers: &[Worker], wait: Duration, work: Duration) -> Option<usize> {
+    for worker in workers {
+        while worker.lines.try_recv().is_ok() {}
+    }
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        for (i, worker) in workers.iter().enumerate() {
+            while let Ok(line) = worker.lines.try_recv() {
+                // "read PROCESS KEY WORK_MS"
+                let planned = line
+                    .strip_prefix("read ")
+                    .and_then(|rest| rest.split(' ').nth(2))
+                    .and_then(|w| w.parse().ok());
+                if planned.is_some_and(|w| ms(w) >= work) {
+                    return Some(i);
+                }
+            }
+        }
+        thread::sleep(ms(2));
+    }
+    None
 }
 
 fn assert_busy(run: &Partitioned) {
