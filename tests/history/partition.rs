@@ -3,6 +3,8 @@
 //! that clients see real timeouts, not resets. Each test records a history and has the checker
 //! judge it.
 //!
+//! - The harness: a cut is silence (a read and a new connection time out; no reset, no
+//!   unreachable error), other pairs pass, and a heal delivers what TCP still retransmits.
 //! - One server: a holder cut from the server learns of the loss (`is_held()` false, `lost()`
 //!   fired) before a client still reaching the server is granted the lock.
 //! - One server, the locked-set workload: a nemesis cuts a holder from the lock's server (not
@@ -437,6 +439,80 @@ impl Drop for History {
 
 fn secs(ns: u64, origin: u64) -> String {
     format!("{:.3}s", ns.saturating_sub(origin) as f64 / 1e9)
+}
+
+// ---------------------------------------------------------------------------
+// The harness: a cut is silence, a heal delivers what TCP still retransmits
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_cut_drops_silently_and_a_heal_delivers_what_was_buffered() {
+    let network = Network::new(&["server", "a", "c"]);
+    let server = NsRedis::start(&network, network.node("server"), &[]);
+    let url = server.url();
+    let connect = |node: &Node, timeout: Duration| {
+        let url = url.clone();
+        node.run(move || {
+            let started = Instant::now();
+            let con = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(timeout))
+                .and_then(|con| {
+                    con.set_read_timeout(Some(timeout))?;
+                    Ok(con)
+                });
+            (con, started.elapsed())
+        })
+    };
+    let (con, _) = connect(network.node("a"), ms(500));
+    let mut con = con.expect("a connects before the cut");
+    let _: () = redis::cmd("SET")
+        .arg("x")
+        .arg(1)
+        .query(&mut con)
+        .expect("SET before the cut");
+
+    network.cut(network.node("a"), server.node());
+    // The connection a had: the write goes out into the void, and no reply comes (no reset).
+    let started = Instant::now();
+    let err = redis::cmd("SET")
+        .arg("x")
+        .arg(2)
+        .query::<()>(&mut con)
+        .expect_err("a reply across a cut");
+    assert!(err.is_timeout(), "not a timeout across the cut: {err}");
+    assert!(
+        started.elapsed() >= ms(450),
+        "answered in {:?}",
+        started.elapsed()
+    );
+    // A new connection: the SYN goes unanswered until the caller gives up.
+    let (fresh, took) = connect(network.node("a"), ms(500));
+    let err = fresh.err().expect("a connection across a cut");
+    assert!(
+        err.is_timeout() || err.to_string().contains("timed out"),
+        "not a timeout connecting across the cut: {err}"
+    );
+    assert!(
+        took >= ms(450),
+        "a connection across the cut failed in {took:?}: {err}"
+    );
+    // Other pairs are not cut.
+    let (other, _) = connect(network.node("c"), ms(2000));
+    other.expect("c reaches the server during a's cut");
+
+    network.heal(network.node("a"), server.node());
+    assert_eq!(network.cuts(), 0);
+    // The SET that went out during the cut is retransmitted and applied: TCP gave up on nothing.
+    let mut check = server.connection();
+    support::poll_until(Duration::from_secs(20), ms(20), || {
+        let x: Option<i64> = redis::cmd("GET")
+            .arg("x")
+            .query(&mut check)
+            .map_err(|e| e.to_string())?;
+        (x == Some(2)).then_some(()).ok_or(format!("x = {x:?}"))
+    })
+    .unwrap_or_else(|why| panic!("the write buffered during the cut never arrived: {why}"));
+    drop(con);
 }
 
 // ---------------------------------------------------------------------------
