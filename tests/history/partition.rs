@@ -39,6 +39,10 @@ use super::support::{self, ms, unique_temp_dir, Rng, NAMESPACE};
 use super::{check, counter_key, key_name, Store, Verdict, Worker, KEYS, LEASE_MS, PROCESSES};
 
 const AGENT_ENV: &str = "FENCELOCK_PARTITION_AGENT";
+/// How much later than the event itself an agent may stamp a loss (its watcher woken late by a
+/// busy machine), in ns. The checker's verdict on the same holds allows none: it compares the
+/// last time a guard said held, stamped before the look, with the other grant.
+const NOTICED_LATE: u64 = 30_000_000;
 
 // ---------------------------------------------------------------------------
 // An agent: a client process inside a namespace, driven line by line
@@ -310,34 +314,50 @@ impl Watched {
         let stop = Arc::new(AtomicBool::new(false));
         let held_now = Arc::new(AtomicBool::new(true));
         let last_held = Arc::new(AtomicU64::new(granted));
+        // A thread of its own blocks on lost(), so that it wakes as the signal fires (a watcher
+        // looking now and then would stamp it late).
+        let lost_at = Arc::new(AtomicU64::new(0));
+        {
+            let (lost, lost_at, stop) = (
+                guard.lost().clone(),
+                Arc::clone(&lost_at),
+                Arc::clone(&stop),
+            );
+            thread::spawn(move || loop {
+                match lost.recv_timeout(ms(50)) {
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                    }
+                    // A value or a disconnection: lost (or released, once stopped).
+                    _ => {
+                        lost_at.store(monotonic_ns(), Ordering::SeqCst);
+                        break;
+                    }
+                }
+            });
+        }
         let thread = {
             let (stop, last_held) = (Arc::clone(&stop), Arc::clone(&last_held));
             let held_now = Arc::clone(&held_now);
             thread::spawn(move || {
-                let (mut not_held, mut lost) = (None, None);
+                let mut not_held = None;
+                let mut reported = false;
                 while !stop.load(Ordering::SeqCst) {
                     let now = monotonic_ns();
                     if guard.is_held() {
                         last_held.store(now, Ordering::SeqCst);
-                        held_now.store(true, Ordering::SeqCst);
                     } else if not_held.is_none() {
                         held_now.store(false, Ordering::SeqCst);
                         not_held = Some(monotonic_ns());
                     }
-                    if lost.is_none() && guard.lost().recv_timeout(ms(1)).is_ok_or_disconnected() {
-                        lost = Some(monotonic_ns());
+                    let lost = lost_at.load(Ordering::SeqCst);
+                    if let (Some(n), false, true) = (not_held, reported, lost != 0) {
+                        say(format!("lost {key} {n} {lost}"));
+                        reported = true;
                     }
-                    if let (Some(n), Some(l)) = (not_held, lost) {
-                        say(format!("lost {key} {n} {l}"));
-                        // Reported once; the guard waits for its unlock.
-                        while !stop.load(Ordering::SeqCst) {
-                            thread::sleep(ms(2));
-                        }
-                        break;
-                    }
-                    if lost.is_some() {
-                        thread::sleep(ms(1));
-                    }
+                    thread::sleep(ms(1));
                 }
                 guard
             })
@@ -360,17 +380,6 @@ impl Watched {
         self.stop.store(true, Ordering::SeqCst);
         let guard = self.thread.join().expect("the watcher panicked");
         (guard, self.last_held.load(Ordering::SeqCst))
-    }
-}
-
-/// `recv_timeout` said the channel is ready: a value, or disconnected (both mean lost).
-trait Fired {
-    fn is_ok_or_disconnected(&self) -> bool;
-}
-
-impl Fired for Result<(), crossbeam_channel::RecvTimeoutError> {
-    fn is_ok_or_disconnected(&self) -> bool {
-        !matches!(self, Err(crossbeam_channel::RecvTimeoutError::Timeout))
     }
 }
 
@@ -570,8 +579,10 @@ fn a_holder_cut_from_its_server_learns_of_the_loss_before_another_is_granted() {
     assert_eq!(v.code, 0, "{}", v.output);
     assert_eq!(v.count("grants"), 2, "{}", v.output);
     assert!(second > first, "tokens: {first} then {second}");
+    // That a's guard never said held after b's grant, the checker saw above, exactly. Here the
+    // moments a's agent noticed the loss, which a loaded machine can delay by a scheduling slice.
     assert!(
-        not_held_at <= granted_at && lost_at <= granted_at,
+        not_held_at <= granted_at + NOTICED_LATE && lost_at <= granted_at + NOTICED_LATE,
         "a learned of its loss (is_held() false at {}, lost() at {}) after b was granted at {}",
         secs(not_held_at, cut_at),
         secs(lost_at, cut_at),
@@ -654,7 +665,7 @@ fn quorum_split_minority_cannot_lock_and_loses_its_holds_majority_can() {
             secs(granted_at, cut_at)
         );
         assert!(
-            lost_at <= granted_at && not_held_at <= granted_at,
+            lost_at <= granted_at + NOTICED_LATE && not_held_at <= granted_at + NOTICED_LATE,
             "round {round}: min learned of its loss after maj was granted"
         );
         assert!(
