@@ -32,7 +32,8 @@
 //! veth and the bridge), also when the test panics; [`NsRedis`] and the test's workers kill
 //! their processes on drop, and are dropped before the network when declared after it. A
 //! network also deletes, when made, the namespaces of earlier runs whose process no longer
-//! exists (a run killed by SIGKILL cannot clean up).
+//! exists, and kills what still runs in them: a run killed by SIGKILL cannot clean up (its
+//! workers exit as their stdin closes, its redis-servers do not).
 //!
 //! Needs Linux, root (or CAP_NET_ADMIN and CAP_SYS_ADMIN), and `ip`: a missing tool or a missing
 //! permission fails the test with what to install or how to run it, never a skip.
@@ -60,13 +61,13 @@ const IP_TIMEOUT: Duration = Duration::from_secs(10);
 
 static NETWORKS: AtomicU64 = AtomicU64::new(0);
 
-/// Runs `ip args`, bounded by [`IP_TIMEOUT`]; `Err` has its stderr.
-fn ip(args: &[&str]) -> Result<(), String> {
+/// Runs `ip args`, bounded by [`IP_TIMEOUT`]; `Ok` has its stdout, `Err` its stderr.
+fn ip(args: &[&str]) -> Result<String, String> {
     ip_with_input(args, "")
 }
 
 /// Runs `ip args` with `input` on its stdin (`-batch -` reads its commands there).
-fn ip_with_input(args: &[&str], input: &str) -> Result<(), String> {
+fn ip_with_input(args: &[&str], input: &str) -> Result<String, String> {
     let mut child = Command::new("ip")
         .args(args)
         .stdin(if input.is_empty() {
@@ -74,7 +75,7 @@ fn ip_with_input(args: &[&str], input: &str) -> Result<(), String> {
         } else {
             Stdio::piped()
         })
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| {
@@ -96,8 +97,13 @@ fn ip_with_input(args: &[&str], input: &str) -> Result<(), String> {
                 if let Some(mut stderr) = child.stderr.take() {
                     let _ = io::Read::read_to_string(&mut stderr, &mut err);
                 }
+                // Small outputs (a few lines): the pipe held them until now.
+                let mut out = String::new();
+                if let Some(mut stdout) = child.stdout.take() {
+                    let _ = io::Read::read_to_string(&mut stdout, &mut out);
+                }
                 return if status.success() {
-                    Ok(())
+                    Ok(out)
                 } else {
                     Err(format!("`ip {}`: {status}: {}", args.join(" "), err.trim()))
                 };
@@ -133,7 +139,8 @@ fn ip_input_or_panic(args: &[&str], input: &str) {
     }
 }
 
-/// Deletes the namespaces that earlier test processes (pid no longer running) left behind.
+/// Deletes the namespaces that earlier test processes (pid no longer running) left behind, and
+/// kills the processes still running in them.
 fn remove_leftovers() {
     let Ok(entries) = fs::read_dir("/run/netns") else {
         return;
@@ -148,6 +155,19 @@ fn remove_leftovers() {
             continue;
         };
         if pid != process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            // The processes that run on in it (a redis-server of a killed test): without them
+            // the namespace goes away with its name.
+            let pids = ip(&["netns", "pids", &name]).unwrap_or_default();
+            for pid in pids
+                .lines()
+                .filter_map(|p| p.trim().parse::<libc::pid_t>().ok())
+            {
+                if pid > 0 {
+                    // SAFETY: kill(2) on a process inside a namespace this test suite made for a
+                    // run that is gone; it touches no memory of ours.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
             let _ = ip(&["netns", "del", &name]);
         }
     }
