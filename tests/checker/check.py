@@ -23,7 +23,7 @@ from collections import defaultdict
 
 COMPLETIONS = ("ok", "fail", "unknown")
 CLIENT_FS = ("acquire", "release", "incr", "read")
-NEMESIS_FS = ("pause-client", "pause-server")
+NEMESIS_FS = ("pause-client", "pause-server", "partition")
 
 
 class Malformed(Exception):

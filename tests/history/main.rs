@@ -9,11 +9,16 @@
 //! freezes client processes past their lease and the server for less and more than a lease.
 //! Without a fence, updates are lost (the canary: the nemesis bites); with one, none are.
 //!
+//! `partition.rs` does the same under network partitions (Linux network namespaces, root):
+//! a holder cut from its server, a quorum split, a Sentinel master cut from its replicas and
+//! sentinels, and the locked set with a holder cut from the lock's server.
+//!
 //! A longer run: `FENCELOCK_HISTORY_SECS=120 cargo test --release --test history -- --nocapture
 //! locked_set`, with `FENCELOCK_HISTORY_SEED` to repeat a seed (printed),
 //! `FENCELOCK_HISTORY_NEMESIS` to choose faults (`none`, or some of `pause-client`,
 //! `pause-server-short`, `pause-server-long`, comma-separated; all three by default) and
-//! `FENCELOCK_HISTORY_DIR` to keep the history files (docs/reliability.md).
+//! `FENCELOCK_HISTORY_DIR` to keep the history files (docs/reliability.md). The same variables
+//! (but the nemesis) lengthen the partitioned locked set: `-- partitioned_set`.
 //!
 //! Needs python3 and PostgreSQL at `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`).
@@ -22,6 +27,9 @@
 mod recorder;
 #[path = "../support/mod.rs"]
 mod support;
+
+#[cfg(target_os = "linux")]
+mod partition;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -432,22 +440,25 @@ struct Worker {
 impl Worker {
     fn spawn(index: usize, env: &[(&str, String)]) -> Worker {
         let exe = std::env::current_exe().expect("the test binary's path");
-        let mut cmd = Command::new(exe);
-        cmd.args([
-            "locked_set_worker",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(WORKER_ENV, index.to_string())
-        .envs(env.iter().map(|(k, v)| (k, v.as_str())))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        Worker::spawn_as(index, env, Command::new(exe))
+    }
+
+    /// [`Worker::spawn`], with `cmd` running the test binary (inside a network namespace, say).
+    fn spawn_as(index: usize, env: &[(&str, String)], mut cmd: Command) -> Worker {
+        cmd.env(WORKER_ENV, index.to_string());
+        Worker::spawn_as_test("locked_set_worker", env, cmd)
+    }
+
+    /// `cmd`, the test binary, running only the test `test` (the body of a worker process).
+    fn spawn_as_test(test: &str, env: &[(&str, String)], mut cmd: Command) -> Worker {
+        cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
+            .envs(env.iter().map(|(k, v)| (k, v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start worker {index}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start a worker ({test}): {e}"));
         let stdout = child.stdout.take().expect("piped stdout");
         let stdin = child.stdin.take();
         let (tx, lines) = crossbeam_channel::unbounded();
@@ -473,6 +484,14 @@ impl Worker {
             // it names no other process; it touches no memory of ours.
             unsafe { libc::kill(pid, sig) };
         }
+    }
+
+    /// Writes `line` to its stdin.
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("the worker's stdin is open");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("writing to a worker: {e}"));
     }
 
     /// Waits up to `wait` for a line saying one of its threads just read a counter.
@@ -775,14 +794,27 @@ fn locked_set_worker() {
     let dir = PathBuf::from(var("FENCELOCK_HISTORY_FILE_DIR"));
     let table = var("FENCELOCK_HISTORY_TABLE");
     let index: u64 = index.parse().expect("a worker index");
+    // The counters' server: the lock's unless the test puts them elsewhere (a partition cuts a
+    // holder from the lock's server, not from its data).
+    let store_url = std::env::var("FENCELOCK_HISTORY_STORE_URL").unwrap_or_else(|_| url.clone());
+    let work = std::env::var("FENCELOCK_HISTORY_WORK_MS").map_or(LEASE_MS, |w| {
+        w.parse().expect("FENCELOCK_HISTORY_WORK_MS: milliseconds")
+    });
 
     let recorder = Arc::new(Recorder::create(&dir.join(format!("client-{index}.jsonl"))));
     let client = LockClient::builder(url.clone())
         .namespace(NAMESPACE)
         .lease(ms(LEASE_MS))
         .response_timeout(ms(LEASE_MS))
+        .connection_timeout(ms(LEASE_MS))
         .build()
         .expect("a client");
+    let fenced = FencedRedis::builder(store_url.as_str())
+        .namespace(NAMESPACE)
+        .response_timeout(ms(LEASE_MS))
+        .connection_timeout(ms(LEASE_MS))
+        .build()
+        .expect("a store");
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -798,8 +830,10 @@ fn locked_set_worker() {
                 process: format!("c{index}t{t}"),
                 recorder: Arc::clone(&recorder),
                 client: client.clone(),
+                fenced: fenced.clone(),
                 store,
-                url: url.clone(),
+                url: store_url.clone(),
+                work,
                 table: table.clone(),
                 rng: Rng(seed ^ (index * 1000 + t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 con: None,
@@ -819,8 +853,13 @@ struct Holder {
     process: String,
     recorder: Arc<Recorder>,
     client: LockClient,
+    /// The counters' store when fenced through Redis.
+    fenced: FencedRedis,
     store: Store,
+    /// The counters' server (unfenced and FencedRedis).
     url: String,
+    /// The longest "work" between a read and its write, in ms.
+    work: u64,
     table: String,
     rng: Rng,
     /// The unfenced store's connection, made again after an error.
@@ -907,7 +946,7 @@ impl Holder {
     fn increment(&mut self, key: &str, guard: &LockGuard, last_held: &mut u64) -> Incr {
         observe(guard, last_held);
         let token = guard.token();
-        let fenced = FencedRedis::from(&self.client);
+        let fenced = self.fenced.clone();
         // Claim (fenced stores) and read. Nothing is written yet: an error is a failure.
         let read = match self.store {
             Store::Unfenced => self.redis_con().and_then(|con| {
@@ -949,12 +988,13 @@ impl Holder {
                 return Incr::failed(Type::Fail, e);
             }
         };
-        // Tell the nemesis a read happened: a pause now falls between the read and the write.
-        let _ = writeln!(std::io::stdout(), "read {} {key}", self.process);
-
-        // "Work" for up to a lease, looking at is_held() now and then as a careful holder would,
-        // but writing anyway: a pause can fall after any check.
-        let work = Instant::now() + ms(self.rng.below(LEASE_MS + 1));
+        // "Work" for up to a lease (or FENCELOCK_HISTORY_WORK_MS), looking at is_held() now and
+        // then as a careful holder would, but writing anyway: a pause can fall after any check.
+        let work_ms = self.rng.below(self.work + 1);
+        // Tell the nemesis a read happened, and how long the work will take: a pause or a
+        // partition now falls between the read and the write.
+        let _ = writeln!(std::io::stdout(), "read {} {key} {work_ms}", self.process);
+        let work = Instant::now() + ms(work_ms);
         while Instant::now() < work {
             observe(guard, last_held);
             thread::sleep(ms(5).min(work.saturating_duration_since(Instant::now())));

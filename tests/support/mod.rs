@@ -14,6 +14,8 @@ pub mod cluster;
 pub mod faults;
 pub mod fenced_workload;
 pub mod history;
+#[cfg(target_os = "linux")]
+pub mod netns;
 pub mod proxy;
 pub mod quorum;
 pub mod sentinel;

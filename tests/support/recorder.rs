@@ -17,14 +17,14 @@
 //!   may or may not have: a timeout, a broken connection); `info` for a line that is no
 //!   operation of a client;
 //! - `f`: `acquire`, `release`, `incr` (the locked-set workload's read-modify-write), `read` (of
-//!   the final value), `pause-client`, `pause-server` (the nemesis);
+//!   the final value), `pause-client`, `pause-server`, `partition` (the nemesis);
 //! - `token` (acquire ok): the fencing token granted;
 //! - `last_held` (release invoke): the last time the client saw `is_held()` true before it
 //!   released; the hold ends there;
 //! - `value`, `read` (incr ok): the value written and the value read; `value` (read ok): the value
-//!   read; `value` (nemesis): the pause in milliseconds;
+//!   read; `value` (nemesis): the pause or partition planned, in milliseconds;
 //! - `error`: why a call failed or its outcome is unknown, in words;
-//! - `target` (nemesis): what was paused, when not the server.
+//! - `target` (nemesis): what was paused, when not the server; who was cut from whom.
 //!
 //! Included with `#[path = "support/recorder.rs"] mod recorder;`.
 
