@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod clock;
 mod crash;
 mod network;
 mod pause;
