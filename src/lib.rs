@@ -387,6 +387,7 @@ mod client;
 mod guard;
 mod multi;
 mod reentrant;
+mod rwlock;
 mod semaphore;
 // The client's shared core, and the seam behind which each deployment lives.
 mod engine;
@@ -421,6 +422,7 @@ pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
+pub use crate::rwlock::{ReadGuard, WriteGuard};
 pub use crate::semaphore::{Permit, Semaphore, SemaphoreStatus};
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;
