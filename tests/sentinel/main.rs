@@ -12,4 +12,5 @@ mod auth;
 mod failover;
 mod follow_master;
 mod harness;
+mod rwlock;
 mod semaphore;
