@@ -161,3 +161,35 @@ fn a_quorum_client_refuses_read_write_locks() {
         assert!(err.to_string().contains("quorum"), "{err}");
     }
 }
+
+#[test]
+fn names_with_braces_percent_signs_and_non_ascii_work_and_leave_only_their_fence_counter() {
+    let server = RedisServer::start();
+    let client = lock_client(&server, 5_000);
+    let names = ["{", "}", "a}b{c", "%7D", "%R", "ключ", "a b\r\n"];
+    for name in names {
+        let r = client.read_lock(name).unwrap();
+        assert!(client
+            .try_write_lock(name, Duration::ZERO)
+            .unwrap()
+            .is_none());
+        let r2 = client
+            .try_read_lock(name, Duration::ZERO)
+            .unwrap()
+            .expect(name);
+        drop((r, r2));
+        let w = client
+            .try_write_lock(name, Duration::ZERO)
+            .unwrap()
+            .expect(name);
+        assert_eq!(w.key(), name);
+        w.unlock().unwrap();
+    }
+    let mut con = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
+    assert_eq!(keys.len(), names.len(), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| k.starts_with("test:fence:{%R")),
+        "{keys:?}"
+    );
+}

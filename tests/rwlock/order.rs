@@ -149,3 +149,35 @@ fn a_writers_release_admits_every_waiting_reader_at_once_up_to_the_next_writer()
     go.send(()).unwrap();
     handle.join().unwrap();
 }
+
+#[test]
+fn a_writer_giving_up_at_the_head_of_the_queue_lets_the_readers_behind_it_in_at_once() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // Long leases: a waiter asks again by itself only after 5 s.
+    let (holder, writer, reader) = (
+        lock_client(&server, 30_000),
+        lock_client(&server, 30_000),
+        lock_client(&server, 30_000),
+    );
+    let held = holder.read_lock("leave").unwrap();
+    let gave_up = thread::spawn(move || {
+        let got = writer.try_write_lock("leave", ms(1_000)).unwrap();
+        assert!(got.is_none(), "the writer got in beside a reader");
+        Instant::now()
+    });
+    await_waiting(&mut con, "leave", 1);
+    let waiting = thread::spawn(move || {
+        let guard = reader.read_lock("leave").unwrap();
+        (Instant::now(), guard)
+    });
+    await_waiting(&mut con, "leave", 2);
+    let gave_up = gave_up.join().unwrap();
+    let (at, guard) = waiting.join().unwrap();
+    let took = at.saturating_duration_since(gave_up);
+    assert!(
+        took < ms(2_500),
+        "the reader got in {took:?} after the writer gave up"
+    );
+    assert!(guard.is_held() && held.is_held());
+}
