@@ -634,6 +634,11 @@ impl LockClient {
     /// waiting at the head of the queue at once. A read-write lock and a plain lock of the same
     /// name are two independent locks: they share no key.
     ///
+    /// Don't ask for a read lock of a key while this thread, or anything it waits for, holds
+    /// one of it: a writer that queued in between waits for the first grant, and the second
+    /// waits behind the writer. Nor is a write guard turned into a read guard: release it, then
+    /// ask again.
+    ///
     /// ```no_run
     /// # fn main() -> Result<(), fencelock::Error> {
     /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
