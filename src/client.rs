@@ -16,6 +16,8 @@ use crate::multi::{self, MultiGuard};
 use crate::net::connector::Connector;
 use crate::options::{Deadline, LockOptions};
 use crate::reentrant::{self, ReentrantGuard};
+use crate::rwlock::{ReadGuard, WriteGuard};
+use crate::scripts::rw::Access;
 use crate::semaphore::Semaphore;
 use crate::shared::Shared;
 use crate::status::LockStatus;
@@ -676,6 +678,101 @@ impl LockClient {
     /// nearly 2N.
     pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
         Semaphore::new(Arc::clone(&self.shared), name, permits)
+    }
+
+    /// Takes the read-write lock `key` to read, waiting as long as it takes: any number of
+    /// readers hold it together, never beside a writer (see [`ReadGuard`]).
+    ///
+    /// Callers take turns first come, first served, in one queue per lock: a reader that comes
+    /// after a waiting writer waits behind it, even while other readers hold, so a steady
+    /// stream of readers never starves a writer; a writer's release lets in every reader
+    /// waiting at the head of the queue at once. A read-write lock and a plain lock of the same
+    /// name are two independent locks: they share no key.
+    ///
+    /// Don't ask for a read lock of a key while this thread, or anything it waits for, holds
+    /// one of it: a writer that queued in between waits for the first grant, and the second
+    /// waits behind the writer. Nor is a write guard turned into a read guard: release it, then
+    /// ask again.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let config = client.read_lock("config")?;
+    /// println!("reading under token {}", config.token());
+    /// drop(config); // released
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty key or one longer than
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes; and, with `what` = `"topology"`, on a client
+    /// of a quorum of masters (`Topology::quorum`), which has no read-write locks. Connection
+    /// errors, timeouts and Redis errors end the wait, as for [`lock`](LockClient::lock).
+    pub fn read_lock(&self, key: &str) -> Result<ReadGuard> {
+        ReadGuard::wait(&self.shared, key, Access::Read)
+    }
+
+    /// Takes the read-write lock `key` to write, waiting as long as it takes: nobody else holds
+    /// it meanwhile, to read or to write (see [`WriteGuard`]). A writer waits for the readers
+    /// that came before it, and readers that come after it wait for it.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let config = client.write_lock("config")?;
+    /// println!("writing with fencing token {}", config.token());
+    /// config.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`read_lock`](LockClient::read_lock).
+    pub fn write_lock(&self, key: &str) -> Result<WriteGuard> {
+        WriteGuard::wait(&self.shared, key, Access::Write)
+    }
+
+    /// Takes the read-write lock `key` to read if that can be done within `timeout`;
+    /// `Ok(None)` if not. `Duration::ZERO` makes one attempt and never queues. A waiter that
+    /// gives up takes itself out of Redis' queue before it returns (giving Redis 50 ms to
+    /// answer), passing on a grant handed to it meanwhile.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// match client.try_read_lock("config", Duration::from_secs(1))? {
+    ///     Some(config) => println!("reading under token {}", config.token()),
+    ///     None => println!("a writer holds the config, or waits for it"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`read_lock`](LockClient::read_lock); [`Error::Timeout`] if the reply to an
+    /// attempt did not come by the deadline.
+    pub fn try_read_lock(&self, key: &str, timeout: Duration) -> Result<Option<ReadGuard>> {
+        ReadGuard::try_take(&self.shared, key, Access::Read, timeout)
+    }
+
+    /// Takes the read-write lock `key` to write if that can be done within `timeout`;
+    /// `Ok(None)` if not, as [`try_read_lock`](LockClient::try_read_lock) does.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// if let Some(config) = client.try_write_lock("config", Duration::ZERO)? {
+    ///     println!("writing with fencing token {}", config.token());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`try_read_lock`](LockClient::try_read_lock).
+    pub fn try_write_lock(&self, key: &str, timeout: Duration) -> Result<Option<WriteGuard>> {
+        WriteGuard::try_take(&self.shared, key, Access::Write, timeout)
     }
 
     /// Tells clients apart (clones are one client): the address of the shared state, which

@@ -10,6 +10,7 @@
 //! | hold, renew, extend | `one_master/renew.rs`: one thread, pipelined extends per node | `quorum/renew.rs`: one thread, extends on every master, a majority keeps it |
 //! | release | `one_master/release.rs`: hands the lock to the next waiter in the same script | `quorum/release.rs`: deletes on every master, publishes the release |
 //! | a semaphore's permits | `one_master/permits.rs`: the same queues, listener and renewal, with the permit scripts | refused: see [`NO_QUORUM_SEMAPHORES`] |
+//! | a read-write lock's grants | `one_master/rw.rs`: the same parts, with the read-write scripts | refused: see [`NO_QUORUM_RW_LOCKS`] |
 //!
 //! Single server, Sentinel and Cluster differ only in how bytes reach a master (`net/`): which
 //! node a key lives on, and how a failover is ridden. What the engines share is below them:
@@ -33,7 +34,7 @@ use crossbeam_channel::Sender;
 use crate::config::Config;
 use crate::error::Result;
 use crate::grant::Grant;
-use crate::key::{LockKeys, PermitKeys};
+use crate::key::{LockKeys, PermitKeys, RwKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::net::watch::Heard;
@@ -42,6 +43,7 @@ use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
 use crate::scripts::permits::PermitStatus;
 use crate::scripts::{Proclamation, Who};
+use crate::scripts::rw::Access;
 use crate::status::LockStatus;
 
 #[cfg(test)]
@@ -247,6 +249,37 @@ impl Engine {
         }
     }
 
+    /// Waits to hold the read-write lock `keys` as `access` says, until granted or `deadline`;
+    /// the grant is held (renewal runs). `None` at the deadline.
+    pub(crate) fn acquire_rw(
+        &self,
+        keys: &RwKeys,
+        access: Access,
+        lease: Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Arc<Grant>>> {
+        match self {
+            Engine::OneMaster(m) => m.acquire_rw(keys, access, lease, deadline),
+            _ => Err(no_rw_locks()),
+        }
+    }
+
+    /// Releases a read-write lock's grant and waits for the reply (`unlock`).
+    pub(crate) fn release_rw(&self, keys: &RwKeys, grant: &Arc<Grant>) -> Result<()> {
+        match self {
+            Engine::OneMaster(m) => m.release_rw(keys, grant),
+            _ => Err(no_rw_locks()),
+        }
+    }
+
+    /// Releases a read-write lock's grant without waiting for a Redis that stopped answering
+    /// (a guard's drop).
+    pub(crate) fn release_rw_detached(&self, keys: &RwKeys, grant: &Arc<Grant>) {
+        if let Engine::OneMaster(m) = self {
+            m.release_rw_detached(keys, grant);
+        }
+    }
+
     /// Where a fenced store that shares the client's connections sends its writes. A quorum has
     /// no one server to store on: its router refuses every call.
     pub(crate) fn router(&self) -> Arc<Router> {
@@ -267,4 +300,15 @@ pub(crate) const NO_QUORUM_SEMAPHORES: &str = "semaphores need one master to cou
 /// The error of every semaphore call on an engine without them.
 fn no_semaphores() -> crate::error::Error {
     crate::error::Error::invalid("topology", NO_QUORUM_SEMAPHORES)
+}
+
+/// Why a quorum client has no read-write locks.
+pub(crate) const NO_QUORUM_RW_LOCKS: &str = "read-write locks need one master (a single \
+     server, Sentinel or Cluster): on a quorum of masters, shared grants would need a majority \
+     protocol of their own (a read token confirmed on a majority, a writer's release admitting \
+     readers on every master), which this crate does not have";
+
+/// The error of every read-write lock call on an engine without them.
+fn no_rw_locks() -> crate::error::Error {
+    crate::error::Error::invalid("topology", NO_QUORUM_RW_LOCKS)
 }

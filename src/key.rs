@@ -7,8 +7,10 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 mod permit;
+mod rw;
 
 pub(crate) use permit::PermitKeys;
+pub(crate) use rw::RwKeys;
 
 /// Longest user key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;

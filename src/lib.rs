@@ -244,6 +244,29 @@
 //! # }
 //! ```
 //!
+//! # Read-write locks
+//!
+//! [`LockClient::read_lock`] and [`LockClient::write_lock`] (and [`LockClient::try_read_lock`],
+//! [`LockClient::try_write_lock`]) take a read-write lock: any number of [`ReadGuard`]s together,
+//! or one [`WriteGuard`] alone. Callers take turns first come, first served in one queue per
+//! lock, so a reader that comes after a waiting writer waits behind it and readers never starve
+//! a writer; a writer's release admits every reader waiting at the head of the queue at once.
+//! Every grant carries a [`FencingToken`] from one counter per lock, so a write's token is above
+//! that of every earlier read and write. A read-write lock and a plain lock of the same name are
+//! two independent locks. One master only (a single server, Sentinel or Cluster).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), fencelock::Error> {
+//! let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+//! let config = client.write_lock("config")?;
+//! // ... rewrite the config alone, passing config.token() to the storage ...
+//! config.unlock()?;
+//! let config = client.read_lock("config")?;
+//! // ... read it beside other readers ...
+//! config.unlock()
+//! # }
+//! ```
+//!
 //! # Looking at a lock, and breaking it
 //!
 //! [`LockClient::status`] reads how a lock stands without taking it: held or free, the
@@ -414,6 +437,7 @@ mod election;
 mod guard;
 mod multi;
 mod reentrant;
+mod rwlock;
 mod semaphore;
 // The client's shared core, and the seam behind which each deployment lives.
 mod engine;
@@ -449,6 +473,7 @@ pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
+pub use crate::rwlock::{ReadGuard, WriteGuard};
 pub use crate::semaphore::{Permit, Semaphore, SemaphoreStatus};
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;

@@ -10,6 +10,7 @@
 //! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |
 //! | `election.rs` | what an election adds to its lock: the leader's record, and the channel observers watch |
 //! | `permits.rs` | a semaphore's permits: acquire, wait, release, status, over the same queues, listener and renewal |
+//! | `rw.rs` | a read-write lock's grants: acquire to read or write, wait, release admitting the next waiters, over the same parts |
 //!
 //! A quorum client has none of these; see `quorum/`.
 //!
@@ -23,6 +24,7 @@ mod listener;
 mod permits;
 mod release;
 mod renew;
+mod rw;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,11 +37,12 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant, Waiting};
-use crate::key::{release_channel, LockKeys, Owners, PermitKeys};
+use crate::key::{release_channel, LockKeys, Owners, PermitKeys, RwKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::options::{Deadline, LockOptions};
 use crate::scripts::permits::PermitStatus;
+use crate::scripts::rw::Access;
 use crate::scripts::{self, Leaving, Released};
 use crate::status::LockStatus;
 
@@ -242,5 +245,28 @@ impl OneMaster {
     /// See [`Engine::permit_status`](crate::engine::Engine::permit_status).
     pub(crate) fn permit_status(&self, keys: &PermitKeys) -> Result<PermitStatus> {
         permits::status(self, keys)
+    }
+
+    /// See [`Engine::acquire_rw`](crate::engine::Engine::acquire_rw).
+    pub(crate) fn acquire_rw(
+        self: &Arc<Self>,
+        keys: &RwKeys,
+        access: Access,
+        lease: Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Arc<Grant>>> {
+        rw::acquire(self, keys, access, lease, deadline)
+    }
+
+    /// See [`Engine::release_rw`](crate::engine::Engine::release_rw).
+    pub(crate) fn release_rw(&self, keys: &RwKeys, grant: &Arc<Grant>) -> Result<()> {
+        let was_held = self.stop(grant);
+        rw::release(self, keys, grant, was_held)
+    }
+
+    /// See [`Engine::release_rw_detached`](crate::engine::Engine::release_rw_detached).
+    pub(crate) fn release_rw_detached(self: &Arc<Self>, keys: &RwKeys, grant: &Arc<Grant>) {
+        let was_held = self.stop(grant);
+        rw::release_detached(self, keys, grant, was_held);
     }
 }

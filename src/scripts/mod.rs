@@ -7,6 +7,7 @@
 //! | `election_proclaim.lua`, `election_resign.lua`, `election_leader.lua` | elections, over either engine (on each master of a quorum) |
 //! | `fenced_*.lua` | [`FencedRedis`](crate::FencedRedis), after `fenced_prelude.lua` |
 //! | `permit_acquire.lua`, `permit_release.lua`, `permit_status.lua`, `extend.lua` | a semaphore's permits, on the one-master engine (`permits.rs`) |
+//! | `rw_acquire.lua`, `rw_release.lua`, `extend.lua` | a read-write lock's grants, on the one-master engine (`rw.rs`); `rw.lua` holds what both share and follows `grant.lua` and `permits.lua` in each |
 //!
 //! `grant.lua` holds what acquire, confirm and release share (minting a token, the queue of
 //! waiters) and is prepended to each; `permits.lua` holds what a semaphore's acquire and release
@@ -18,6 +19,7 @@
 //! place ([`loading`]).
 
 pub(crate) mod permits;
+pub(crate) mod rw;
 
 use std::sync::LazyLock;
 use std::time::Duration;

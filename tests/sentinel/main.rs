@@ -15,4 +15,5 @@ mod failover;
 mod follow_master;
 mod harness;
 mod lock_all;
+mod rwlock;
 mod semaphore;

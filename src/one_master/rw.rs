@@ -1,0 +1,492 @@
+//! A read-write lock's grants on one master: attempt, wait in the lock's local queue, take the
+//! grant; release, admitting the waiters that may hold next in the same script.
+//!
+//! Written as `permits.rs` is for a semaphore, over the same parts: the local queue and a
+//! waiter's states (`wait.rs`), the release channel's listener (`listener.rs`), grants held by
+//! the renewal thread. Each grant, read or write, carries a key of its own as its lock key
+//! (`key/rw.rs`), so renewal, extends and loss work on it unchanged. What differs is the
+//! scripts (`rw_*.lua`), that a release may admit several waiters at once (every reader at the
+//! head of Redis' queue), and that a grant wakes the next waiter of ours at once: a reader may
+//! hold beside it.
+//!
+//! Replica acknowledgement (`min_replica_acks`) is waited for as for a lock: behind the grant,
+//! or behind one extend for a handoff.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::listener;
+use super::wait::{Ticket, Waited, Wake};
+use super::OneMaster;
+use crate::error::{Error, Result};
+use crate::grant::{Grant, NewGrant};
+use crate::key::{LockKeys, RwKeys};
+use crate::net::pool::{Run, MIN_READ};
+use crate::net::router::Ride;
+use crate::options::Deadline;
+use crate::scripts::rw::{self as script, Access, RwAcquire, RwReleased};
+use crate::scripts::{self, JoinQueue, Leaving, HANDOFF_LEASE};
+use crate::token::FencingToken;
+
+/// How long a waiter past its deadline waits for Redis to take it out of its queue.
+const LEAVE_PATIENCE: Duration = Duration::from_millis(50);
+
+/// See [`Engine::acquire_rw`](crate::engine::Engine::acquire_rw).
+pub(super) fn acquire(
+    m: &Arc<OneMaster>,
+    keys: &RwKeys,
+    access: Access,
+    lease: Duration,
+    deadline: Deadline,
+) -> Result<Option<Arc<Grant>>> {
+    let call = Call {
+        keys,
+        access,
+        lease,
+    };
+    match deadline {
+        Deadline::Now => call.once(m),
+        Deadline::At(at) => call.until(m, Some(at)),
+        Deadline::Never => call.until(m, None),
+    }
+}
+
+/// One acquire call: the lock, read or write, and the lease asked for.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    keys: &'a RwKeys,
+    access: Access,
+    lease: Duration,
+}
+
+/// How one turn in the queue ended.
+enum Turn {
+    Granted(Arc<Grant>),
+    Deadline,
+    TooLate,
+}
+
+/// A grant: its token, the earliest its lease can have started, and for a handoff the lease
+/// Redis set (capped at [`HANDOFF_LEASE`]).
+type Granted = (FencingToken, Instant, Option<Duration>);
+
+impl Call<'_> {
+    /// One attempt, no waiting and no queueing.
+    fn once(self, m: &Arc<OneMaster>) -> Result<Option<Arc<Grant>>> {
+        let hold = self.keys.hold(&m.owners.next_id());
+        let sent = Instant::now();
+        match self.attempt(m, &hold, JoinQueue::Never, None)? {
+            RwAcquire::Granted(token) => Ok(Some(self.hold(m, hold, token, sent, self.lease))),
+            RwAcquire::Refused(_) => Ok(None),
+        }
+    }
+
+    /// Waits in the lock's local queue until granted or `deadline`.
+    fn until(self, m: &Arc<OneMaster>, deadline: Option<Instant>) -> Result<Option<Arc<Grant>>> {
+        loop {
+            match self.turn(m, deadline)? {
+                Turn::Granted(grant) => return Ok(Some(grant)),
+                Turn::Deadline => return Ok(None),
+                // A handoff came too late to use: wait again, as a new waiter.
+                Turn::TooLate => {}
+            }
+        }
+    }
+
+    /// One turn in the local queue, with an owner id of its own.
+    fn turn(self, m: &Arc<OneMaster>, deadline: Option<Instant>) -> Result<Turn> {
+        let keys = self.keys;
+        let hold = keys.hold(&m.owners.next_id());
+        let ticket = m.waiters.join(keys.tag(), hold.owner(), self.lease);
+        let found = self.wait_for_grant(m, &hold, deadline, &ticket);
+        if let Ok(Some((token, sent, handoff))) = found {
+            ticket.leave_granted();
+            // Our next waiter asks at once: a reader may hold beside this grant, and a writer
+            // takes its place in Redis' queue.
+            m.waiters.wake_head(keys.tag());
+            return self.accept(m, hold, token, sent, handoff);
+        }
+        // Leaving without a grant; a handoff may have reached us all the same.
+        let earliest = ticket.since();
+        let (late, in_redis_queue) = ticket.leave();
+        if let (Some(wake), Ok(None)) = (late, &found) {
+            if let Some((token, since, handoff)) = handed(wake, earliest) {
+                // Granted before we gave up: better taken than handed on.
+                return self.accept(m, hold, token, since, handoff);
+            }
+        }
+        if !in_redis_queue {
+            return found.map(|_| Turn::Deadline);
+        }
+        if matches!(&found, Err(e) if e.is_connection()) || m.router.unreachable(keys.readers()) {
+            // Redis did not answer: leaving here would wait for it again, past the caller's
+            // timeout. The background thread leaves for us; until it gets through, a grant
+            // handed to us meanwhile stays held until its lease runs out.
+            let keys = keys.clone();
+            super::release::later(m, move |m| {
+                if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
+                    log::warn!(
+                        "fencelock: leaving the queue of read-write lock {:?} failed: {e}",
+                        keys.name()
+                    );
+                }
+            });
+            return found.map(|_| Turn::Deadline);
+        }
+        // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
+        // passed on. On failure the entry expires by itself, and a grant handed to us with it.
+        let until = deadline.is_some().then(|| Instant::now() + LEAVE_PATIENCE);
+        if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
+            log::warn!(
+                "fencelock: leaving the queue of read-write lock {:?} failed: {e}",
+                keys.name()
+            );
+        }
+        found.map(|_| Turn::Deadline)
+    }
+
+    /// The waiting loop of [`turn`](Call::turn): the grant, or `None` at `deadline`.
+    fn wait_for_grant(
+        self,
+        m: &OneMaster,
+        hold: &LockKeys,
+        deadline: Option<Instant>,
+        ticket: &Ticket,
+    ) -> Result<Option<Granted>> {
+        let mut attempt_now = ticket.is_head();
+        // When to ask again unprompted: a holder that crashed releases nothing.
+        let mut retry_at: Option<Instant> = None;
+        let mut ride = Ride::default();
+        loop {
+            if attempt_now {
+                let sent = Instant::now();
+                // Marked before sending: if the reply is lost, leaving must still withdraw.
+                let queue = ticket.attempt(sent);
+                match self.attempt(m, hold, queue, deadline) {
+                    Ok(RwAcquire::Granted(token)) => return Ok(Some((token, sent, None))),
+                    Ok(RwAcquire::Refused(pttl)) => {
+                        ride = Ride::default();
+                        ticket.refused();
+                        watch_shard(m, self.keys, deadline);
+                        let after = pttl.unwrap_or(self.lease).min(HANDOFF_LEASE)
+                            + Duration::from_millis(1);
+                        retry_at = Instant::now().checked_add(after);
+                    }
+                    // A master that stopped answering may be being replaced: the attempt goes
+                    // again, with the same owner id, on the master the deployment names by then.
+                    Err(e) => match m.router.ride(&mut ride, &e, deadline) {
+                        Some(pause) => {
+                            std::thread::sleep(pause);
+                            continue;
+                        }
+                        None => return Err(e),
+                    },
+                }
+            }
+            attempt_now = false;
+            let until = deadline.into_iter().chain(retry_at).min();
+            match ticket.wait(until, None) {
+                Waited::Woken(wakes) => {
+                    for wake in wakes {
+                        match wake {
+                            Wake::Granted { .. } => return Ok(handed(wake, ticket.since())),
+                            Wake::Attempt => attempt_now = true,
+                            // Only a lock's release naming our own next waiter sends it; a
+                            // read-write lock's names none. Taken as a lock's waiter would.
+                            Wake::Queued { retry_after, since } => {
+                                ticket.queued(since);
+                                retry_at = Instant::now()
+                                    .checked_add(retry_after + Duration::from_millis(1));
+                            }
+                        }
+                    }
+                }
+                Waited::Cancelled => return Err(Error::Cancelled),
+                Waited::TimedOut => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    attempt_now = ticket.is_head();
+                }
+            }
+        }
+    }
+
+    /// Turns a token into a held grant. A grant handed over by a release started its lease at
+    /// some moment after `sent`; if half of it may be gone, one extend confirms it first, so
+    /// that the grant starts out held and loss is never reported for a grant still ours.
+    fn accept(
+        self,
+        m: &Arc<OneMaster>,
+        hold: LockKeys,
+        token: FencingToken,
+        sent: Instant,
+        handoff: Option<Duration>,
+    ) -> Result<Turn> {
+        let (keys, lease) = (self.keys, self.lease);
+        let acks = m.config.replica_acks;
+        let granted = match handoff {
+            None => return Ok(Turn::Granted(self.hold(m, hold, token, sent, lease))),
+            Some(granted) if acks.is_none() && sent.elapsed() <= granted / 2 => granted,
+            Some(_) => {
+                // With replica acks: the handoff was written by the releaser, on another
+                // connection, and WAIT counts only what its own connection wrote, so the
+                // extend re-arms the lease on ours and WAITs behind it.
+                let sent = Instant::now();
+                let confirmed = m.router.run(hold.lock(), |con, _| match acks {
+                    Some(acks) => scripts::extend_acked(con, &hold, hold.owner(), lease, acks)
+                        .map(|(ours, acked)| (ours, Some(acked))),
+                    None => {
+                        scripts::extend(con, &hold, hold.owner(), lease).map(|ours| (ours, None))
+                    }
+                });
+                if let Ok((true, acked)) = confirmed {
+                    let grant = self.hold(m, hold, token, sent, lease);
+                    return match (acks, acked) {
+                        (Some(acks), Some(acked)) if acked < acks.replicas => {
+                            let _ = m.release_rw(keys, &grant);
+                            Err(Error::NotReplicated {
+                                acked,
+                                required: acks.replicas,
+                            })
+                        }
+                        _ => Ok(Turn::Granted(grant)),
+                    };
+                }
+                // Not ours any more, or not known: give it back in our name (it is passed on if
+                // still ours), which also wakes our next waiter.
+                if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, None) {
+                    log::warn!(
+                        "fencelock: giving back an unconfirmed grant of read-write lock {:?} \
+                         failed, it expires with its lease: {e}",
+                        keys.name()
+                    );
+                }
+                confirmed.map(drop)?;
+                log::debug!(
+                    "fencelock: a grant of read-write lock {:?} (token {token}) came too late \
+                     to use",
+                    keys.name()
+                );
+                return Ok(Turn::TooLate);
+            }
+        };
+        Ok(Turn::Granted(self.hold(m, hold, token, sent, granted)))
+    }
+
+    /// Makes the grant and hands it to the renewal thread, which renews the grant's key as a
+    /// lock's. `granted`: the lease Redis set, from `sent` at the earliest.
+    fn hold(
+        self,
+        m: &OneMaster,
+        hold: LockKeys,
+        token: FencingToken,
+        sent: Instant,
+        granted: Duration,
+    ) -> Arc<Grant> {
+        m.hold(NewGrant {
+            keys: hold,
+            token,
+            sent,
+            granted,
+            lease: self.lease,
+            auto_renew: true,
+            max_hold: None,
+            queued: false,
+            local_run: 0,
+        })
+    }
+
+    /// One run of the acquire script. A reply that has not come by `deadline` (if sooner than
+    /// the response timeout) is a timeout.
+    fn attempt(
+        self,
+        m: &OneMaster,
+        hold: &LockKeys,
+        queue: JoinQueue,
+        deadline: Option<Instant>,
+    ) -> Result<RwAcquire> {
+        let keys = self.keys;
+        let acks = m.config.replica_acks;
+        let (sent, served) = (Instant::now(), Cell::new(None));
+        let found =
+            m.router
+                .run_until_noting(keys.readers(), deadline, &served, |con, run| {
+                    // A first run may have queued us before its reply was lost: a grant on this
+                    // run must take the entry out.
+                    let queue = match queue {
+                        JoinQueue::Join if run == Run::Retry => JoinQueue::Rejoin,
+                        queue => queue,
+                    };
+                    match script::acquire(con, keys, hold, self.access, self.lease, queue, acks) {
+                        Err(e) if e.is_timeout() => {
+                            // The script may still run and grant us what we are about to report
+                            // as not taken: a release sent on the same connection runs after it,
+                            // whatever it did, and takes us out of the queue. Its reply is of no
+                            // use.
+                            let _ = con.set_read_timeout(Some(MIN_READ));
+                            let _ = script::release(con, keys, hold, Leaving::QueueAndLock);
+                            Err(e)
+                        }
+                        Err(e) => Err(e),
+                        Ok((found, acked)) => match (found, acks, acked) {
+                            (RwAcquire::Granted(_), Some(acks), Some(acked))
+                                if acked < acks.replicas =>
+                            {
+                                // Too few replicas have it, so a failover could lose it: give it
+                                // back.
+                                script::release(con, keys, hold, Leaving::Lock)?;
+                                Ok(Err(Error::NotReplicated {
+                                    acked,
+                                    required: acks.replicas,
+                                }))
+                            }
+                            (found, ..) => Ok(Ok(found)),
+                        },
+                    }
+                })??;
+        if let RwAcquire::Granted(token) = found {
+            // A cluster master frozen while its replica took over answers when it wakes,
+            // before it learns it was replaced: a slow grant counts only if the other nodes
+            // still name its node.
+            if let Some(node) = served.get() {
+                if !m
+                    .router
+                    .trusted(keys.readers(), node, sent.elapsed(), deadline)
+                {
+                    log::warn!(
+                        "fencelock: a grant of read-write lock {:?} (token {token}) came from a \
+                         master replaced while it answered; attempting again",
+                        keys.name()
+                    );
+                    return Ok(RwAcquire::Refused(Some(Duration::ZERO)));
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// On a cluster, subscribes to the lock's shard channel, where other clients' releases tell us
+/// of a handoff.
+fn watch_shard(m: &OneMaster, keys: &RwKeys, deadline: Option<Instant>) {
+    if let Some(wake) = m.sharded.as_ref().and_then(|s| s.watch(keys.tag())) {
+        let woken = m
+            .router
+            .run_until(&wake, deadline, |con, _| listener::wake(con, &wake));
+        if let Err(e) = woken {
+            log::debug!("fencelock: waking a shard listener failed: {e}");
+        }
+    }
+}
+
+/// The grant a wake carries, if it is one.
+fn handed(wake: Wake, earliest: Instant) -> Option<Granted> {
+    match wake {
+        Wake::Granted {
+            token,
+            since,
+            lease,
+            ..
+        } => Some((token, since.unwrap_or(earliest), Some(lease))),
+        _ => None,
+    }
+}
+
+/// The release in Redis of a grant already stopped here.
+pub(super) fn release(m: &OneMaster, keys: &RwKeys, grant: &Grant, was_held: bool) -> Result<()> {
+    let name = keys.name();
+    let (released, reply_lost) = match hand_over(m, keys, &grant.keys, Leaving::Lock, None) {
+        Ok(found) => found,
+        Err(e) => {
+            log::warn!(
+                "fencelock: releasing read-write lock {name:?} failed, it expires with its \
+                 lease: {e}"
+            );
+            return Err(e);
+        }
+    };
+    if released.ours || (reply_lost && was_held) {
+        // (The first run may have released it before its connection broke.)
+        log::debug!(
+            "fencelock: released read-write lock {name:?} (token {})",
+            grant.token
+        );
+        return Ok(());
+    }
+    if grant.mark_lost("it was no longer ours at release") {
+        log::warn!(
+            "fencelock: read-write lock {name:?} (token {}) was no longer ours at release",
+            grant.token
+        );
+    }
+    Err(Error::LockLost {
+        key: name.to_owned(),
+    })
+}
+
+/// A release for a guard's drop, which must not wait for a Redis that stopped answering: a
+/// grant already known lost, or whose master the client last failed to reach, is released by
+/// the background thread (`release.rs`). Failures are logged, never returned; the grant then
+/// runs out with its lease.
+pub(super) fn release_detached(
+    m: &Arc<OneMaster>,
+    keys: &RwKeys,
+    grant: &Arc<Grant>,
+    was_held: bool,
+) {
+    if !was_held || m.router.unreachable(keys.readers()) {
+        let (keys, grant) = (keys.clone(), Arc::clone(grant));
+        super::release::later(m, move |m| {
+            let _ = release(m, &keys, &grant, was_held);
+        });
+        return;
+    }
+    // `release` logs what failed.
+    let _ = release(m, keys, grant, was_held);
+}
+
+/// Runs the release script for `hold`'s owner, and tells our waiters it admitted. Returns what
+/// the script found, and whether its first reply was lost (so it ran again).
+fn hand_over(
+    m: &OneMaster,
+    keys: &RwKeys,
+    hold: &LockKeys,
+    leaving: Leaving,
+    until: Option<Instant>,
+) -> Result<(RwReleased, bool)> {
+    let sent = Instant::now();
+    let mut reply_lost = false;
+    let released = m.router.run_until(keys.readers(), until, |con, run| {
+        reply_lost |= run == Run::Retry;
+        script::release(con, keys, hold, leaving)
+    });
+    let released = match released {
+        Ok(released) => released,
+        Err(e) => {
+            // Whatever happened, the lock may be free for our next waiter.
+            m.waiters.wake_head(keys.tag());
+            return Err(e);
+        }
+    };
+    let mut ours = false;
+    for admitted in &released.admitted {
+        if admitted.owner.starts_with(m.owners.prefix()) {
+            // One of ours that queued in Redis: if it left meanwhile, its leaving gives the
+            // grant back.
+            ours = true;
+            let wake = Wake::Granted {
+                token: admitted.token,
+                since: Some(sent),
+                lease: admitted.lease,
+                local_run: 0,
+            };
+            m.waiters.deliver(keys.tag(), &admitted.owner, wake);
+        }
+    }
+    if !ours {
+        m.waiters.wake_head(keys.tag());
+    }
+    Ok((released, reply_lost))
+}
