@@ -42,8 +42,8 @@ use crate::one_master::OneMaster;
 use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
 use crate::scripts::permits::PermitStatus;
-use crate::scripts::{Proclamation, Who};
 use crate::scripts::rw::Access;
+use crate::scripts::{Proclamation, Who};
 use crate::status::LockStatus;
 
 #[cfg(test)]
