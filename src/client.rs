@@ -623,34 +623,7 @@ impl LockClient {
                 e => e,
             })?;
         keys.set_idle_expiry(self.shared.config.idle_expiry);
-        Ok(Election::new(self.clone(), keys))
-    }
-
-    /// An election's campaign: its lock's keys, checked, taken as a lock call takes a key.
-    pub(crate) fn campaign(
-        &self,
-        keys: LockKeys,
-        deadline: Deadline,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        let called = Since::now();
-        let result = options
-            .validate()
-            .and_then(|()| {
-                if options.is_cancelled() {
-                    Err(Error::Cancelled)
-                } else {
-                    Ok(())
-                }
-            })
-            .and_then(|()| self.take(keys, deadline, options));
-        metrics::acquired(&self.shared.config.namespace, called, &result);
-        result
-    }
-
-    /// The engine under this client, for the types built over it (elections).
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+        Ok(Election::new(Arc::clone(&self.shared), keys))
     }
 
     /// A counting semaphore named `name` with `permits` permits: at most that many

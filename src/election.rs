@@ -35,12 +35,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::key::{leader_record, LockKeys};
+use crate::metrics::{self, Since};
 use crate::options::{Deadline, LockOptions};
 use crate::scripts::{Leading, Proclamation};
+use crate::shared::Shared;
 use crate::token::FencingToken;
 
 /// Longest value a leader may advertise, in bytes: every observer receives it with each change.
@@ -77,18 +78,18 @@ pub struct Election {
 }
 
 struct Inner {
-    client: LockClient,
+    shared: Arc<Shared>,
     keys: LockKeys,
     /// Both the record's key and the observers' channel.
     record: String,
 }
 
 impl Election {
-    pub(crate) fn new(client: LockClient, keys: LockKeys) -> Election {
+    pub(crate) fn new(shared: Arc<Shared>, keys: LockKeys) -> Election {
         let record = leader_record(&keys);
         Election {
             inner: Arc::new(Inner {
-                client,
+                shared,
                 keys,
                 record,
             }),
@@ -162,11 +163,7 @@ impl Election {
     /// Connection errors and timeouts, as for any call.
     pub fn leader(&self) -> Result<Option<Leader>> {
         let inner = &self.inner;
-        let who = inner
-            .client
-            .shared()
-            .engine
-            .leader(&inner.keys, &inner.record)?;
+        let who = inner.shared.engine.leader(&inner.keys, &inner.record)?;
         Ok(who.leading().map(Leader::from))
     }
 
@@ -279,11 +276,7 @@ impl Election {
     ) -> Result<Option<Leadership>> {
         validate_value(value)?;
         loop {
-            let Some(guard) =
-                self.inner
-                    .client
-                    .campaign(self.inner.keys.clone(), deadline, options)?
-            else {
+            let Some(guard) = self.take(deadline, options)? else {
                 return Ok(None);
             };
             let leadership = Leadership {
@@ -309,6 +302,32 @@ impl Election {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+impl Election {
+    /// Takes the election's lock as a lock call takes a key: the options checked, the wait
+    /// recorded in the metrics as a lock call's.
+    fn take(&self, deadline: Deadline, options: &LockOptions) -> Result<Option<LockGuard>> {
+        let shared = &self.inner.shared;
+        let called = Since::now();
+        let result = options
+            .validate()
+            .and_then(|()| {
+                if options.is_cancelled() {
+                    Err(Error::Cancelled)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| {
+                let lease = options.lease.unwrap_or(shared.config.lease);
+                let keys = self.inner.keys.clone();
+                let grant = shared.engine.acquire(keys, lease, deadline, options)?;
+                Ok(grant.map(|grant| LockGuard::new(Arc::clone(shared), grant)))
+            });
+        metrics::acquired(&shared.config.namespace, called, &result);
+        result
     }
 }
 
@@ -394,8 +413,7 @@ impl Leadership {
             value,
         };
         let stands = election
-            .client
-            .shared()
+            .shared
             .engine
             .proclaim(&election.keys, &election.record, &p);
         // Counted even when the outcome is unknown: the next proclamation must rise above one
@@ -424,7 +442,7 @@ impl Leadership {
     pub fn resign(mut self) -> Result<()> {
         self.resigned = true;
         let election = &self.election.inner;
-        let withdrawn = election.client.shared().engine.resign(
+        let withdrawn = election.shared.engine.resign(
             &election.keys,
             &election.record,
             self.guard.grant().keys.owner(),
@@ -442,7 +460,7 @@ impl Drop for Leadership {
             return;
         }
         let election = &self.election.inner;
-        let engine = &election.client.shared().engine;
+        let engine = &election.shared.engine;
         let owner = self.guard.grant().keys.owner();
         if self.guard.is_held() && !engine.unreachable(&election.keys) {
             if let Err(e) = engine.resign(&election.keys, &election.record, owner) {

@@ -79,14 +79,14 @@ impl Observer {
         let (inbox_tx, inbox) = crossbeam_channel::unbounded();
         let (changes_tx, changes) = crossbeam_channel::unbounded();
         let (stop_tx, stop) = crossbeam_channel::bounded(0);
-        let trusts_messages = election.inner.client.shared().engine.watch(
+        let trusts_messages = election.inner.shared.engine.watch(
             &election.inner.record,
             inbox_tx,
             Arc::downgrade(&alive),
         )?;
         let name = election.name().to_owned();
         let mut observing = Observing {
-            fallback: election.inner.client.lease(),
+            fallback: election.inner.shared.config.lease,
             election,
             trusts_messages,
             changes: changes_tx,
@@ -178,12 +178,7 @@ impl Observing {
     /// module docs on a lower seq within an epoch).
     fn read(&mut self) {
         let inner = &self.election.inner;
-        match inner
-            .client
-            .shared()
-            .engine
-            .leader(&inner.keys, &inner.record)
-        {
+        match inner.shared.engine.leader(&inner.keys, &inner.record) {
             Ok(Who::Leads(l)) => {
                 self.pause = FIRST_PAUSE;
                 self.warned = false;
