@@ -40,6 +40,10 @@
 //!   `resign()` (E samples) and after it crashed (EC samples, `E_LEASE_MS` lease, renewal off),
 //!   beside a lock handoff of the same run; an observer's delay from `proclaim()` and from
 //!   `resign()` to its `changes()`, beside a script's PUBLISH to a plain SUBSCRIBE connection;
+//! - `semaphore`: a permit's `acquire` + `release` uncontended against `lock` + `unlock`; 16
+//!   threads over a semaphore of 4 (each on its own client, then over 2 clients) with critical
+//!   section S, grants per second and per thread (min, max, Jain's index), beside one lock;
+//!   release-to-acquire handoff to a waiter of another client, beside a lock's (H samples);
 //! - `contention`: T threads over C clients on one key, critical section S, think time W; runs
 //!   with W, with no think time, 1 ms critical sections back to back, and the baseline;
 //! - `pool`: N workers take jobs, each locks one of K keys and does a short fenced write;
@@ -110,7 +114,7 @@
 //! - `server`: the throwaway redis-server and what is read from it (`INFO`);
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
-//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `contention`, `pool`, `renewal`,
+//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `semaphore`, `contention`, `pool`, `renewal`,
 //!   `idle`, `pg`, `sentinel`, `cluster`, `quorum`, `tls`, and `baseline` (the hand-written lock
 //!   they compare with).
 
@@ -131,6 +135,7 @@ mod renewal;
 mod report;
 mod resp;
 mod rtt;
+mod semaphore;
 mod sentinel;
 mod server;
 mod stats;
@@ -215,6 +220,9 @@ fn main() {
     }
     if p.selected("election") {
         election::run(&server, &p, &mut r);
+    }
+    if p.selected("semaphore") {
+        semaphore::run(&server, &p, &mut r);
     }
     if p.selected("contention") {
         contention::run(&server, &p, &mut r);
