@@ -84,15 +84,15 @@
 //! |---|---|---|
 //! | `T` | 16 | contention: threads |
 //! | `C` | 2 | contention: clients the threads are spread over |
-//! | `S_US` | 100 | contention: critical section, µs (a sleep) |
+//! | `S_US` | 100 | contention, semaphore: critical section, µs (a sleep) |
 //! | `W_US` | 1000 | contention: think time between acquisitions, µs (a sleep) |
-//! | `D_MS` | 5000 | duration of each contention run and of each half of `pool`, ms |
+//! | `D_MS` | 5000 | duration of each contention run and of each half of `pool`, ms (semaphore: at most 4000) |
 //! | `BASE_D_MS` | 10000 | duration of each baseline contention run, ms |
 //! | `N` | 32 | pool: worker threads |
 //! | `K` | 10000 | pool: keys |
 //! | `P` | N | pool: the client's connection pool size |
-//! | `U` | 5000 | uncontended: lock + unlock iterations |
-//! | `H` | 300 | handoff: fencelock samples (per variant) |
+//! | `U` | 5000 | uncontended: lock + unlock iterations (semaphore: at most 2000) |
+//! | `H` | 300 | handoff, semaphore: fencelock samples (per variant) |
 //! | `HB` | 60 | handoff: baseline samples (each waits up to 100 ms) |
 //! | `R` | 10000 | renewal: locks held |
 //! | `LEASE_MS` | 3000 | renewal: lease of the held locks, ms (renewal every lease/3) |
