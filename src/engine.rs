@@ -29,7 +29,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 
 use crate::config::Config;
 use crate::error::Result;
@@ -212,16 +212,17 @@ impl Engine {
         }
     }
 
-    /// Waits for a permit of the semaphore `keys` until granted or `deadline`; the grant is
-    /// held (renewal runs). `None` at the deadline.
+    /// Waits for a permit of the semaphore `keys` until granted, `deadline`, or `cancel` is
+    /// ready (`Error::Cancelled`); the grant is held (renewal runs). `None` at the deadline.
     pub(crate) fn acquire_permit(
         &self,
         keys: &PermitKeys,
         lease: Duration,
         deadline: Deadline,
+        cancel: Option<&Receiver<()>>,
     ) -> Result<Option<Arc<Grant>>> {
         match self {
-            Engine::OneMaster(m) => m.acquire_permit(keys, lease, deadline),
+            Engine::OneMaster(m) => m.acquire_permit(keys, lease, deadline, cancel),
             _ => Err(no_semaphores()),
         }
     }

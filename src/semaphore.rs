@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::key::PermitKeys;
-use crate::options::Deadline;
+use crate::options::{Deadline, LockOptions};
 use crate::shared::Shared;
 use crate::token::FencingToken;
 
@@ -90,8 +90,39 @@ impl Semaphore {
     /// [`LockClient::lock`](crate::LockClient::lock): on Sentinel or Cluster an attempt rides a
     /// failover for up to 60 s.
     pub fn acquire(&self) -> Result<Permit> {
+        self.acquire_with(&LockOptions::new())
+    }
+
+    /// [`acquire`](Semaphore::acquire) with [`LockOptions`]: a lease of the permit's own
+    /// ([`lease`](LockOptions::lease)), and a cancel channel ([`cancel`](LockOptions::cancel))
+    /// that ends the wait with [`Error::Cancelled`](crate::Error::Cancelled), leaving no permit
+    /// behind.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let uploads = client.semaphore("uploads", 4)?;
+    /// let (cancel, cancelled) = fencelock::crossbeam_channel::bounded(1);
+    /// // Another thread may `cancel.send(())` to end the wait.
+    /// # drop(cancel);
+    /// let options = fencelock::LockOptions::new().cancel(cancelled);
+    /// match uploads.acquire_with(&options) {
+    ///     Ok(permit) => permit.release()?,
+    ///     Err(e) if e.is_cancelled() => println!("gave up waiting"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`acquire`](Semaphore::acquire); [`Error::Cancelled`](crate::Error::Cancelled)
+    /// when cancelled; [`Error::InvalidArgument`](crate::Error::InvalidArgument) (`what` is
+    /// `"options"`) for [`renew(false)`](LockOptions::renew) or
+    /// [`max_hold`](LockOptions::max_hold), which a permit does not take: its renewal runs
+    /// until it is released.
+    pub fn acquire_with(&self, options: &LockOptions) -> Result<Permit> {
         loop {
-            if let Some(permit) = self.take(Deadline::Never)? {
+            if let Some(permit) = self.take(Deadline::Never, options)? {
                 return Ok(permit);
             }
         }
@@ -107,10 +138,24 @@ impl Semaphore {
     /// As for [`acquire`](Semaphore::acquire); [`Error::Timeout`](crate::Error::Timeout) if the
     /// reply to an attempt did not come by the deadline.
     pub fn try_acquire(&self, timeout: Duration) -> Result<Option<Permit>> {
+        self.try_acquire_with(timeout, &LockOptions::new())
+    }
+
+    /// [`try_acquire`](Semaphore::try_acquire) with [`LockOptions`], as
+    /// [`acquire_with`](Semaphore::acquire_with) takes them.
+    ///
+    /// # Errors
+    /// As for [`acquire_with`](Semaphore::acquire_with) and
+    /// [`try_acquire`](Semaphore::try_acquire).
+    pub fn try_acquire_with(
+        &self,
+        timeout: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<Permit>> {
         match Instant::now().checked_add(timeout) {
-            _ if timeout.is_zero() => self.take(Deadline::Now),
-            Some(deadline) => self.take(Deadline::At(deadline)),
-            None => self.acquire().map(Some),
+            _ if timeout.is_zero() => self.take(Deadline::Now, options),
+            Some(deadline) => self.take(Deadline::At(deadline), options),
+            None => self.acquire_with(options).map(Some),
         }
     }
 
@@ -140,12 +185,22 @@ impl Semaphore {
         })
     }
 
-    fn take(&self, deadline: Deadline) -> Result<Option<Permit>> {
-        let lease = self.shared.config.lease;
+    fn take(&self, deadline: Deadline, options: &LockOptions) -> Result<Option<Permit>> {
+        options.validate()?;
+        if options.no_renewal || options.max_hold.is_some() {
+            return Err(Error::invalid(
+                "options",
+                "a permit is renewed until released: renew(false) and max_hold do not apply",
+            ));
+        }
+        if options.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let lease = options.lease.unwrap_or(self.shared.config.lease);
         Ok(self
             .shared
             .engine
-            .acquire_permit(&self.keys, lease, deadline)?
+            .acquire_permit(&self.keys, lease, deadline, options.cancel.as_ref())?
             .map(|grant| Permit {
                 shared: Arc::clone(&self.shared),
                 keys: Arc::clone(&self.keys),

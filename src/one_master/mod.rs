@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use crossbeam_channel::{RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use uuid::Uuid;
 
 use crate::config::Config;
@@ -226,8 +226,9 @@ impl OneMaster {
         keys: &PermitKeys,
         lease: Duration,
         deadline: Deadline,
+        cancel: Option<&Receiver<()>>,
     ) -> Result<Option<Arc<Grant>>> {
-        permits::acquire(self, keys, lease, deadline)
+        permits::acquire(self, keys, lease, deadline, cancel)
     }
 
     /// See [`Engine::release_permit`](crate::engine::Engine::release_permit).

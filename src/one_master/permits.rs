@@ -16,6 +16,8 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
 use super::listener;
 use super::wait::{Ticket, Waited, Wake};
 use super::OneMaster;
@@ -38,11 +40,12 @@ pub(super) fn acquire(
     keys: &PermitKeys,
     lease: Duration,
     deadline: Deadline,
+    cancel: Option<&Receiver<()>>,
 ) -> Result<Option<Arc<Grant>>> {
     match deadline {
         Deadline::Now => once(m, keys, lease),
-        Deadline::At(at) => until(m, keys, lease, Some(at)),
-        Deadline::Never => until(m, keys, lease, None),
+        Deadline::At(at) => until(m, keys, lease, Some(at), cancel),
+        Deadline::Never => until(m, keys, lease, None, cancel),
     }
 }
 
@@ -56,17 +59,19 @@ fn once(m: &Arc<OneMaster>, keys: &PermitKeys, lease: Duration) -> Result<Option
     }
 }
 
-/// Waits in the semaphore's local queue until granted or `deadline`.
+/// Waits in the semaphore's local queue until granted, `deadline`, or cancelled.
 fn until(
     m: &Arc<OneMaster>,
     keys: &PermitKeys,
     lease: Duration,
     deadline: Option<Instant>,
+    cancel: Option<&Receiver<()>>,
 ) -> Result<Option<Arc<Grant>>> {
     loop {
-        match turn(m, keys, lease, deadline)? {
+        match turn(m, keys, lease, deadline, cancel)? {
             Turn::Granted(grant) => return Ok(Some(grant)),
             Turn::Deadline => return Ok(None),
+            Turn::TooLate if is_cancelled(cancel) => return Err(Error::Cancelled),
             // A handoff came too late to use: wait again, as a new waiter.
             Turn::TooLate => {}
         }
@@ -97,10 +102,11 @@ fn turn(
     keys: &PermitKeys,
     lease: Duration,
     deadline: Option<Instant>,
+    cancel: Option<&Receiver<()>>,
 ) -> Result<Turn> {
     let permit = keys.permit(&m.owners.next_id());
     let ticket = m.waiters.join(keys.tag(), permit.owner(), lease);
-    let found = wait_for_grant(m, keys, &permit, lease, deadline, &ticket);
+    let found = wait_for_grant(m, keys, &permit, lease, deadline, cancel, &ticket);
     if let Ok(Some((token, sent, handoff))) = found {
         ticket.leave_granted();
         // Unlike a lock, another permit may be free: our next waiter asks at once.
@@ -146,13 +152,14 @@ fn turn(
     found.map(|_| Turn::Deadline)
 }
 
-/// The waiting loop of [`turn`]: the grant, or `None` at `deadline`.
+/// The waiting loop of [`turn`]: the grant, `None` at `deadline`, or `Error::Cancelled`.
 fn wait_for_grant(
     m: &OneMaster,
     keys: &PermitKeys,
     permit: &LockKeys,
     lease: Duration,
     deadline: Option<Instant>,
+    cancel: Option<&Receiver<()>>,
     ticket: &Ticket,
 ) -> Result<Option<Granted>> {
     let mut attempt_now = ticket.is_head();
@@ -177,7 +184,9 @@ fn wait_for_grant(
                 // again, with the same owner id, on the master the deployment names by then.
                 Err(e) => match m.router.ride(&mut ride, &e, deadline) {
                     Some(pause) => {
-                        std::thread::sleep(pause);
+                        if pause_or_cancel(pause, cancel) {
+                            return Err(Error::Cancelled);
+                        }
                         continue;
                     }
                     None => return Err(e),
@@ -186,7 +195,7 @@ fn wait_for_grant(
         }
         attempt_now = false;
         let until = deadline.into_iter().chain(retry_at).min();
-        match ticket.wait(until, None) {
+        match ticket.wait(until, cancel) {
             Waited::Woken(wakes) => {
                 for wake in wakes {
                     match wake {
@@ -209,6 +218,22 @@ fn wait_for_grant(
                 }
                 attempt_now = ticket.is_head();
             }
+        }
+    }
+}
+
+/// Whether the caller's cancel signal is ready (a message, or every sender gone).
+fn is_cancelled(cancel: Option<&Receiver<()>>) -> bool {
+    cancel.is_some_and(|cancel| !matches!(cancel.try_recv(), Err(TryRecvError::Empty)))
+}
+
+/// Sleeps for `pause`, or until `cancel` is ready: whether it was.
+fn pause_or_cancel(pause: Duration, cancel: Option<&Receiver<()>>) -> bool {
+    match cancel {
+        Some(cancel) => !matches!(cancel.recv_timeout(pause), Err(RecvTimeoutError::Timeout)),
+        None => {
+            std::thread::sleep(pause);
+            false
         }
     }
 }

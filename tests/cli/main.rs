@@ -7,12 +7,15 @@
 //! and `release --force` within `--connect-timeout` and `--response-timeout`. `elect` gives CMD
 //! the epoch and the election's name, runs candidates one after another with rising epochs,
 //! hands over after a killed leader's lease, and treats a lost leadership as `run` a lost lock;
-//! `leader` shows the leader or exits 3, and `--watch` prints every change.
+//! `leader` shows the leader or exits 3, and `--watch` prints every change. `run --permits N`
+//! takes a permit of a semaphore instead (`permits.rs`).
 //!
 //! Needs the `cli` feature: `cargo test --all-features` (or `--features cli`).
 
 #[path = "../support/mod.rs"]
 mod support;
+
+mod permits;
 
 use std::fs::File;
 use std::io::Read;

@@ -1,9 +1,9 @@
 //! The semaphore's calls: validation, `try_acquire`'s timeout, one count per name, a lock of
-//! the same name, and the quorum's refusal.
+//! the same name, the quorum's refusal, and `acquire_with`'s options (cancel, lease).
 
 use std::time::{Duration, Instant};
 
-use fencelock::{LockClient, Permit, Semaphore, SemaphoreStatus};
+use fencelock::{LockClient, LockOptions, Permit, Semaphore, SemaphoreStatus};
 
 use crate::support::quorum::Quorum;
 use crate::support::{free_port, lock_client, ms, RedisServer};
@@ -176,4 +176,45 @@ fn any_name_works_and_stays_in_one_slot() {
         keys.iter().all(|k| k.starts_with("test:fence:{%S")),
         "{keys:?}"
     );
+}
+
+#[test]
+fn a_cancelled_acquire_with_ends_and_leaves_the_queue_and_unsupported_options_are_refused() {
+    let server = RedisServer::start();
+    let a = lock_client(&server, 5_000);
+    let b = lock_client(&server, 5_000);
+    let held = a.semaphore("one", 1).unwrap().acquire().unwrap();
+    let semaphore = b.semaphore("one", 1).unwrap();
+
+    let (cancel, cancelled) = fencelock::crossbeam_channel::bounded(1);
+    let options = LockOptions::new().cancel(cancelled);
+    let waiter = {
+        let semaphore = semaphore.clone();
+        std::thread::spawn(move || semaphore.acquire_with(&options).map(|_| ()))
+    };
+    let started = Instant::now();
+    while semaphore.status().unwrap().waiters != 1 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never queued");
+        std::thread::sleep(ms(5));
+    }
+    cancel.send(()).unwrap();
+    let err = waiter.join().unwrap().unwrap_err();
+    assert!(err.is_cancelled(), "{err:?}");
+    assert_eq!(semaphore.status().unwrap().waiters, 0, "left in the queue");
+
+    // A per-call lease is taken; renewal off and a maximum hold are refused.
+    held.release().unwrap();
+    let permit = semaphore
+        .try_acquire_with(ms(500), &LockOptions::new().lease(ms(2_000)))
+        .unwrap()
+        .expect("free");
+    permit.release().unwrap();
+    for options in [
+        LockOptions::new().renew(false),
+        LockOptions::new().max_hold(ms(1_000)),
+        LockOptions::new().lease(Duration::ZERO),
+    ] {
+        let err = semaphore.try_acquire_with(ms(0), &options).unwrap_err();
+        assert!(err.is_invalid_argument(), "{options:?}: {err:?}");
+    }
 }

@@ -1,5 +1,5 @@
-//! `fencelock`: run a command under a distributed lock, look at a lock, break one; run a command
-//! while leading an election, ask who leads.
+//! `fencelock`: run a command under a distributed lock (or a permit of a semaphore), look at a
+//! lock, break one; run a command while leading an election, ask who leads.
 //!
 //! Built with the `cli` feature (`cargo install fencelock --features cli`), so that library
 //! users never build its dependencies. `docs/cli.md` is the user's guide; `fencelock --help`
@@ -43,12 +43,14 @@ Exit statuses:
           within DUR plus the connection timeout), refused the connection or replied with an
           error
   2       bad command line: an unknown option, a bad duration, a key, election name,
-          namespace, URL, lease or value that fencelock refuses
+          namespace, URL, lease or value that fencelock refuses; run --permits N: the
+          semaphore is in use with another count
   3       leader: nobody leads the election
-  75      run: Redis said the lock is held, and it was not granted within --timeout;
+  75      run: Redis said the lock is held (--permits: all permits are held), and it was not
+          granted within --timeout;
           elect: another candidate led, and this one did not come to lead within --timeout
           (EX_TEMPFAIL)
-  76      run: the lock was lost while CMD ran; elect: the leadership was lost while CMD ran;
+  76      run: the lock (permit) was lost while CMD ran; elect: the leadership was lost while CMD ran;
           CMD was sent SIGTERM (SIGKILL after --grace)
   126     run, elect: CMD could not be executed
   127     run, elect: CMD was not found
@@ -116,8 +118,12 @@ enum Commands {
     /// status. SIGINT, SIGTERM and SIGHUP sent to fencelock are passed on to CMD (a terminal's
     /// Ctrl-C reaches CMD directly and is not sent twice). If the lock is lost while CMD runs,
     /// CMD gets SIGTERM, then SIGKILL after --grace, and fencelock exits with 76.
+    ///
+    /// With --permits N, KEY names a counting semaphore and fencelock takes one of its N permits
+    /// instead of the lock: at most N runs of KEY hold one at once. FENCELOCK_TOKEN is then the
+    /// permit's token, and a lost permit is handled as a lost lock.
     #[command(
-        override_usage = "fencelock [OPTIONS] run [--lease DUR] [--timeout DUR] [--grace DUR] KEY -- CMD [ARGS]..."
+        override_usage = "fencelock [OPTIONS] run [--lease DUR] [--timeout DUR] [--grace DUR] [--permits N] KEY -- CMD [ARGS]..."
     )]
     Run(RunArgs),
     /// Show whether KEY is held, the holder's fencing token, its remaining lease and how many
@@ -191,7 +197,12 @@ struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
     grace: Duration,
 
-    /// The lock's key
+    /// Take one of N permits of the semaphore KEY instead of the lock: at most N such runs at
+    /// once. Every run of KEY must give the same N while any holds or waits (exit 2 if not)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+
+    /// The lock's key (with --permits, the semaphore's name)
     key: String,
 
     /// The command to run and its arguments, after `--`
@@ -246,18 +257,27 @@ fn main() -> ExitCode {
         Err(e) => return ExitCode::from(exit::report(&e)),
     };
     let code = match cli.command {
-        Commands::Run(args) => run::run(
-            &run::Lock {
-                client,
-                key: args.key,
-            },
-            &run::Run {
+        Commands::Run(args) => {
+            let how = run::Run {
                 timeout: args.timeout,
                 connect_timeout: cli.connect_timeout,
                 grace: args.grace,
                 command: args.command,
-            },
-        ),
+            };
+            match args.permits {
+                None => run::run(
+                    &run::Lock {
+                        client,
+                        key: args.key,
+                    },
+                    &how,
+                ),
+                Some(permits) => match client.semaphore(&args.key, permits) {
+                    Ok(semaphore) => run::run(&run::Permits { semaphore }, &how),
+                    Err(e) => exit::report(&e),
+                },
+            }
+        }
         Commands::Status { json, key } => status(&client, &key, json),
         Commands::Release { force: _, key } => force_release(&client, &key),
         Commands::Elect(args) => match client.election(&args.name) {
@@ -410,6 +430,12 @@ mod exit {
     /// line's fault, anything else fencelock's.
     pub(crate) fn report(e: &fencelock::Error) -> u8 {
         eprintln!("fencelock: {e}");
+        of_error(e)
+    }
+
+    /// A library error's exit status: a refused argument is the command line's fault, anything
+    /// else fencelock's.
+    pub(crate) fn of_error(e: &fencelock::Error) -> u8 {
         if e.is_invalid_argument() {
             USAGE
         } else {
@@ -467,11 +493,29 @@ mod tests {
         assert_eq!(args.timeout, Some(Duration::from_millis(500)));
         assert_eq!(args.grace, Duration::from_secs(10));
         assert_eq!(args.command, ["sh", "-c", "exit 3"]);
+        assert_eq!(args.permits, None);
+
+        let cli = Cli::try_parse_from([
+            "fencelock",
+            "run",
+            "--permits",
+            "4",
+            "uploads",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let Commands::Run(args) = cli.command else {
+            panic!("not run: {cli:?}");
+        };
+        assert_eq!((args.permits, args.key.as_str()), (Some(4), "uploads"));
 
         for bad in [
             &["fencelock", "run", "job"][..],
             &["fencelock", "run", "job", "sh"],
             &["fencelock", "run", "--timeout", "5", "job", "--", "sh"],
+            &["fencelock", "run", "--permits", "0", "job", "--", "sh"],
+            &["fencelock", "run", "--permits", "-1", "job", "--", "sh"],
             &["fencelock", "release", "job"],
         ] {
             let err = Cli::try_parse_from(bad).unwrap_err();
@@ -546,8 +590,8 @@ mod tests {
             ),
             (
                 &["fencelock", "run", "--namespace", "ops", "job"],
-                "Usage: fencelock [OPTIONS] run [--lease DUR] [--timeout DUR] [--grace DUR] KEY \
-                 -- CMD [ARGS]...\n",
+                "Usage: fencelock [OPTIONS] run [--lease DUR] [--timeout DUR] [--grace DUR] \
+                 [--permits N] KEY -- CMD [ARGS]...\n",
             ),
             (
                 &["fencelock", "status", "--connect-timeout", "2s"],

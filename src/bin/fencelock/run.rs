@@ -1,5 +1,6 @@
-//! `fencelock run`: take the lock, run CMD while holding it, release it when CMD exits. `elect`
-//! runs through the same steps with the lead of an election for the lock (a [`Target`]).
+//! `fencelock run`: take the lock, run CMD while holding it, release it when CMD exits. `run
+//! --permits N` runs through the same steps with a permit of a semaphore for the lock, and
+//! `elect` with the lead of an election (each a [`Target`]).
 //!
 //! ```text
 //! one attempt ─ granted ───────────────────────────────┐
@@ -20,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fencelock::crossbeam_channel::{self, Receiver, RecvTimeoutError, Sender};
-use fencelock::{Error, LockClient, LockGuard, LockOptions};
+use fencelock::{Error, LockClient, LockGuard, LockOptions, Permit, Semaphore};
 
 use crate::exit;
 use crate::format::{human, seconds};
@@ -82,6 +83,11 @@ pub(crate) trait Target: Clone + Send + 'static {
     /// What giving it up after a failure costs: `releasing "job" failed, it expires with its
     /// lease`.
     fn give_up_failed(&self) -> String;
+
+    /// A message of its own for an error that taking it ended with, instead of the library's.
+    fn explain(&self, _error: &Error) -> Option<String> {
+        None
+    }
 }
 
 /// A lock's guard or a leadership, held while CMD runs.
@@ -167,6 +173,109 @@ impl Held for LockGuard {
     }
 }
 
+/// `fencelock run --permits N`'s target: a permit of the semaphore on a key.
+#[derive(Clone)]
+pub(crate) struct Permits {
+    pub(crate) semaphore: Semaphore,
+}
+
+impl Permits {
+    fn key(&self) -> &str {
+        self.semaphore.name()
+    }
+}
+
+impl Target for Permits {
+    type Held = Permit;
+
+    fn take(
+        &self,
+        timeout: Option<Duration>,
+        options: &LockOptions,
+    ) -> Result<Option<Permit>, Error> {
+        match timeout {
+            Some(timeout) => self.semaphore.try_acquire_with(timeout, options),
+            None => self.semaphore.acquire_with(options).map(Some),
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("a permit of semaphore {:?}", self.key())
+    }
+
+    fn busy(&self) -> String {
+        format!(
+            "all {} permits of semaphore {:?} are held",
+            self.semaphore.permits(),
+            self.key()
+        )
+    }
+
+    fn not_within(&self, timeout: Duration) -> String {
+        format!(
+            "no permit of semaphore {:?} was granted within {}",
+            self.key(),
+            human(timeout)
+        )
+    }
+
+    fn holder(&self) -> String {
+        match self.semaphore.status() {
+            Ok(status) => format!(
+                ", {} of {} held, {} waiting",
+                status.held, status.permits, status.waiters
+            ),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn env(&self, permit: &Permit) -> Vec<(&'static str, String)> {
+        vec![
+            ("FENCELOCK_TOKEN", permit.token().to_string()),
+            ("FENCELOCK_KEY", self.key().to_owned()),
+        ]
+    }
+
+    fn what(&self) -> String {
+        format!("the permit of semaphore {:?}", self.key())
+    }
+
+    fn give_up_failed(&self) -> String {
+        format!(
+            "releasing the permit of semaphore {:?} failed, it expires with its lease",
+            self.key()
+        )
+    }
+
+    /// A count other than the one in force: `--permits` is what the user can change.
+    fn explain(&self, error: &Error) -> Option<String> {
+        match error {
+            Error::InvalidArgument {
+                what: "permits",
+                reason,
+            } => Some(format!(
+                "--permits {} does not match: {reason}; not run",
+                self.semaphore.permits()
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl Held for Permit {
+    fn is_held(&self) -> bool {
+        Permit::is_held(self)
+    }
+
+    fn lost(&self) -> &Receiver<()> {
+        Permit::lost(self)
+    }
+
+    fn give_up(self) -> Result<(), Error> {
+        self.release()
+    }
+}
+
 /// Runs CMD while holding `target`; returns fencelock's exit status.
 pub(crate) fn run<T: Target>(target: &T, run: &Run) -> u8 {
     if let Err(e) = signals::install() {
@@ -205,7 +314,13 @@ pub(crate) fn run<T: Target>(target: &T, run: &Run) -> u8 {
             );
             return exit::by_signal(signal);
         }
-        Err(Stop::Failed(e)) => return exit::report(&e),
+        Err(Stop::Failed(e)) => match target.explain(&e) {
+            Some(message) => {
+                eprintln!("fencelock: {message}");
+                return exit::of_error(&e);
+            }
+            None => return exit::report(&e),
+        },
         Err(Stop::Thread(e)) => {
             eprintln!("fencelock: cannot start a thread: {e}");
             return exit::ERROR;
