@@ -22,7 +22,8 @@
 //!
 //! `FENCELOCK_HISTORY_DIR` keeps the histories (in a directory per test and seed);
 //! `FENCELOCK_HISTORY_SECS` and `FENCELOCK_HISTORY_SEED` lengthen and repeat the partitioned
-//! locked set. Needs root and `ip` (iproute2); see tests/support/netns.rs.
+//! locked set. Needs root and `ip` (iproute2), and the feature `partition-tests`; see
+//! tests/support/netns.rs.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
