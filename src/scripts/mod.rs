@@ -118,23 +118,34 @@ pub(crate) fn acquire(
     ];
     let mut buf = Vec::with_capacity(256);
     evalsha(&mut buf, &ACQUIRE, &keys.all(), &args);
-    let first = buf.len();
-    let (reply, acked) = match acks {
-        None => (run(con, &ACQUIRE, &buf)?, None),
-        Some(acks) => {
-            pack_wait(&mut buf, acks);
-            let ends = [first, buf.len()];
-            let (reply, acked) = both(run_pipeline(
-                con,
-                &ACQUIRE,
-                &buf,
-                &ends,
-                Interrupted::LeaveUnanswered,
-            )?)?;
-            (reply, Some(redis::from_redis_value(acked)?))
-        }
-    };
+    let (reply, acked) = run_granting(con, &ACQUIRE, buf, acks)?;
     Ok((acquired(reply, keys)?, acked))
+}
+
+/// Sends a granting script's call, packed in `buf`, and with `acks` a `WAIT` behind it in the
+/// same pipeline, so that it counts the replicas that received this very grant: the script's
+/// reply and, with `acks`, how many replicas acknowledged. An interrupted reply is left
+/// unanswered, never asked for again alone (see [`run_pipeline`]).
+pub(crate) fn run_granting(
+    con: &mut redis::Connection,
+    script: &Script,
+    mut buf: Vec<u8>,
+    acks: Option<ReplicaAcks>,
+) -> RedisResult<(Value, Option<u32>)> {
+    let Some(acks) = acks else {
+        return Ok((run(con, script, &buf)?, None));
+    };
+    let first = buf.len();
+    pack_wait(&mut buf, acks);
+    let ends = [first, buf.len()];
+    let (reply, acked) = both(run_pipeline(
+        con,
+        script,
+        &buf,
+        &ends,
+        Interrupted::LeaveUnanswered,
+    )?)?;
+    Ok((reply, Some(redis::from_redis_value(acked)?)))
 }
 
 /// The reply of one acquire call.

@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use redis::{RedisResult, Script, Value};
 
-use super::{both, evalsha, pack_wait, run, run_pipeline, JoinQueue, Leaving, ReplicaAcks};
+use super::{evalsha, run, run_granting, JoinQueue, Leaving, ReplicaAcks};
 use crate::key::{millis, PermitKeys};
 use crate::net::wire::Arg;
-use crate::net::wire::Interrupted;
 use crate::token::FencingToken;
 
 pub(crate) static PERMIT_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -78,22 +77,7 @@ pub(crate) fn acquire(
         &keys_of(keys, permit.lock()),
         &args,
     );
-    let first = buf.len();
-    let (reply, acked) = match acks {
-        None => (run(con, &PERMIT_ACQUIRE, &buf)?, None),
-        Some(acks) => {
-            pack_wait(&mut buf, acks);
-            let ends = [first, buf.len()];
-            let (reply, acked) = both(run_pipeline(
-                con,
-                &PERMIT_ACQUIRE,
-                &buf,
-                &ends,
-                Interrupted::LeaveUnanswered,
-            )?)?;
-            (reply, Some(redis::from_redis_value(acked)?))
-        }
-    };
+    let (reply, acked) = run_granting(con, &PERMIT_ACQUIRE, buf, acks)?;
     let (code, value): (i64, i64) = redis::from_redis_value(reply)?;
     let found = match code {
         1 => PermitAcquire::Granted(token(value)?),

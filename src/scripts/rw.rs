@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use redis::{RedisResult, Script, Value};
 
-use super::{both, evalsha, pack_wait, run, run_pipeline, JoinQueue, Leaving, ReplicaAcks};
+use super::{evalsha, run, run_granting, JoinQueue, Leaving, ReplicaAcks};
 use crate::key::{millis, LockKeys, RwKeys};
-use crate::net::wire::{Arg, Interrupted};
+use crate::net::wire::Arg;
 use crate::token::FencingToken;
 
 pub(crate) static RW_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -85,22 +85,7 @@ pub(crate) fn acquire(
     ];
     let mut buf = Vec::with_capacity(384);
     evalsha(&mut buf, &RW_ACQUIRE, &keys_of(keys, hold.lock()), &args);
-    let first = buf.len();
-    let (reply, acked) = match acks {
-        None => (run(con, &RW_ACQUIRE, &buf)?, None),
-        Some(acks) => {
-            pack_wait(&mut buf, acks);
-            let ends = [first, buf.len()];
-            let (reply, acked) = both(run_pipeline(
-                con,
-                &RW_ACQUIRE,
-                &buf,
-                &ends,
-                Interrupted::LeaveUnanswered,
-            )?)?;
-            (reply, Some(redis::from_redis_value(acked)?))
-        }
-    };
+    let (reply, acked) = run_granting(con, &RW_ACQUIRE, buf, acks)?;
     let (code, value): (i64, i64) = redis::from_redis_value(reply)?;
     let found = match code {
         1 => RwAcquire::Granted(token(value)?),
