@@ -225,9 +225,11 @@ fn wait_for_grant(
 
 /// Turns a token into a held grant. A lock handed over by a release started its lease at some
 /// unknown moment after `sent`, and Redis set it to `granted` (capped for a handoff from
-/// Redis' queue). If little of it is left by that count, or it is short of the lease asked
-/// for while nothing renews it, one extend confirms the lease first, so that the grant
-/// starts out held rather than lost, and loss is never reported for a lock still ours.
+/// Redis' queue); an attempt's lease started after `sent` too. If little of it is left by
+/// that count, or it is short of the lease asked for while nothing renews it, one extend
+/// confirms the lease first, so that the grant starts out held rather than lost, and loss is
+/// never reported for a lock still ours. A grant whose lease ran out, by our count, before we
+/// heard of it is given back, never handed out: a rival may hold the key by then.
 fn accept(
     m: &Arc<OneMaster>,
     keys: LockKeys,
@@ -249,8 +251,12 @@ fn accept(
     // A lease capped for the handoff needs a renewal to reach the lease asked for: confirm it
     // now when renewal may never come (off, or stopped early by a maximum hold).
     let capped = granted < lease && (options.no_renewal || options.max_hold.is_some());
-    let confirm = matches!(granted_by, GrantedBy::Handoff { .. })
-        && (acks.is_some() || capped || sent.elapsed() > granted / 2);
+    // A reply that took more than half the lease (a slow network, or this process starved of
+    // CPU between the grant and reading it) leaves too little to count on, or nothing: Redis
+    // may have expired the grant and granted a rival since. Confirm it before handing it out.
+    let late = sent.elapsed() > granted / 2;
+    let confirm =
+        late || (matches!(granted_by, GrantedBy::Handoff { .. }) && (acks.is_some() || capped));
     let (sent, granted, acked) = if confirm {
         // With replica acks: a handoff was written by the releaser, on another connection,
         // and WAIT counts only what its own connection wrote, so the extend re-arms the
@@ -262,7 +268,9 @@ fn accept(
             None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
         });
         match confirmed {
-            Ok((true, acked)) => (sent, lease, acked),
+            // The confirmation's own reply may be as late: by our count the lease must not
+            // have run out before we heard that it was set, or a rival may hold it now.
+            Ok((true, acked)) if sent.elapsed() < lease => (sent, lease, acked),
             not_confirmed => {
                 // No guard will release this grant, and the next waiter of ours is woken
                 // only by a release or a loss: release it in our name. That frees the lock
@@ -285,7 +293,7 @@ fn accept(
                 not_confirmed?;
                 // It ran out before we heard of it: wait again.
                 log::debug!(
-                    "fencelock: a handoff of {:?} (token {token}) came too late to use",
+                    "fencelock: a grant of {:?} (token {token}) came too late to use",
                     keys.user()
                 );
                 return Ok(Turn::TooLate);
