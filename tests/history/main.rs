@@ -33,6 +33,8 @@ mod support;
 #[cfg(all(target_os = "linux", feature = "partition-tests"))]
 mod partition;
 
+mod models;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
