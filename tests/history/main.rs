@@ -34,6 +34,7 @@ mod support;
 mod partition;
 
 mod models;
+mod shared;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
