@@ -26,7 +26,7 @@ from collections import defaultdict
 
 COMPLETIONS = ("ok", "fail", "unknown")
 CLIENT_FS = ("acquire", "release", "incr", "read")
-NEMESIS_FS = ("pause-client", "pause-server", "partition", "kill-client", "restart-server")
+NEMESIS_FS = ("pause-client", "pause-server", "partition", "kill-client", "restart-server", "failover")
 
 
 class Malformed(Exception):

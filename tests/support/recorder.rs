@@ -17,7 +17,8 @@
 //!   may or may not have: a timeout, a broken connection); `info` for a line that is no
 //!   operation of a client;
 //! - `f`: `acquire`, `release`, `incr` (the locked-set workload's read-modify-write), `read` (of
-//!   the final value), `pause-client`, `pause-server`, `partition` (the nemesis);
+//!   the final value), `pause-client`, `pause-server`, `partition`, `kill-client`,
+//!   `restart-server`, `failover` (the nemesis);
 //! - `token` (acquire ok): the fencing token granted;
 //! - `permits` (acquire, of a semaphore): the semaphore's count of permits; `mode` (acquire, of
 //!   a read-write lock): `read` or `write`. An acquire with neither is of a plain lock;
