@@ -44,6 +44,10 @@
 //!   threads over a semaphore of 4 (each on its own client, then over 2 clients) with critical
 //!   section S, grants per second and per thread (min, max, Jain's index), beside one lock;
 //!   release-to-acquire handoff to a waiter of another client, beside a lock's (H samples);
+//! - `rwlock`: 16 threads, each on its own client, on one read-write lock with critical section S
+//!   and no think time, one grant in 20 a write and one in 2, beside the same threads on one
+//!   plain lock (grants per second); a writer's release to 4 readers of other clients blocked in
+//!   `read_lock()` (the first and the last admitted), beside a lock's handoff (H samples);
 //! - `contention`: T threads over C clients on one key, critical section S, think time W; runs
 //!   with W, with no think time, 1 ms critical sections back to back, and the baseline;
 //! - `pool`: N workers take jobs, each locks one of K keys and does a short fenced write;
@@ -84,15 +88,15 @@
 //! |---|---|---|
 //! | `T` | 16 | contention: threads |
 //! | `C` | 2 | contention: clients the threads are spread over |
-//! | `S_US` | 100 | contention, semaphore: critical section, µs (a sleep) |
+//! | `S_US` | 100 | contention, semaphore, rwlock: critical section, µs (a sleep) |
 //! | `W_US` | 1000 | contention: think time between acquisitions, µs (a sleep) |
-//! | `D_MS` | 5000 | duration of each contention run and of each half of `pool`, ms (semaphore: at most 4000) |
+//! | `D_MS` | 5000 | duration of each contention run and of each half of `pool`, ms (semaphore, rwlock: at most 4000) |
 //! | `BASE_D_MS` | 10000 | duration of each baseline contention run, ms |
 //! | `N` | 32 | pool: worker threads |
 //! | `K` | 10000 | pool: keys |
 //! | `P` | N | pool: the client's connection pool size |
 //! | `U` | 5000 | uncontended: lock + unlock iterations (semaphore: at most 2000) |
-//! | `H` | 300 | handoff, semaphore: fencelock samples (per variant) |
+//! | `H` | 300 | handoff, semaphore, rwlock: fencelock samples (per variant) |
 //! | `HB` | 60 | handoff: baseline samples (each waits up to 100 ms) |
 //! | `R` | 10000 | renewal: locks held |
 //! | `LEASE_MS` | 3000 | renewal: lease of the held locks, ms (renewal every lease/3) |
@@ -114,7 +118,7 @@
 //! - `server`: the throwaway redis-server and what is read from it (`INFO`);
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
-//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `semaphore`, `contention`, `pool`, `renewal`,
+//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `semaphore`, `rwlock`, `contention`, `pool`, `renewal`,
 //!   `idle`, `pg`, `sentinel`, `cluster`, `quorum`, `tls`, and `baseline` (the hand-written lock
 //!   they compare with).
 
@@ -135,6 +139,7 @@ mod renewal;
 mod report;
 mod resp;
 mod rtt;
+mod rwlock;
 mod semaphore;
 mod sentinel;
 mod server;
@@ -223,6 +228,9 @@ fn main() {
     }
     if p.selected("semaphore") {
         semaphore::run(&server, &p, &mut r);
+    }
+    if p.selected("rwlock") {
+        rwlock::run(&server, &p, &mut r);
     }
     if p.selected("contention") {
         contention::run(&server, &p, &mut r);

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Checks a recorded lock history: mutual exclusion, fencing tokens, lost updates.
+"""Checks a recorded history of locks, semaphores and read-write locks: mutual exclusion, at
+most N holders of a semaphore, never a writer beside another holder, fencing tokens, lost
+updates.
 
 Usage: check.py [--max-shown N] PATH...
 
@@ -7,7 +9,8 @@ PATH is a history file (JSON lines) or a directory whose *.jsonl files are read,
 process of the run. The checker shares no code with fencelock or with the recorder that wrote
 the files (tests/support/recorder.rs): only the format, described in tests/checker/README.md,
 which also says what each check means, where it follows Jepsen's knossos mutex model and
-Hazelcast's fenced-mutex model, and which violations it can miss.
+Hazelcast's fenced-mutex model, how the semaphore and read-write models extend them, and which
+violations it can miss.
 
 Prints the counts of each check and the first violations of each, then one line
 `summary key=value ...` for programs. Exit status: 0 if no check found a violation, 1 if one
@@ -23,7 +26,7 @@ from collections import defaultdict
 
 COMPLETIONS = ("ok", "fail", "unknown")
 CLIENT_FS = ("acquire", "release", "incr", "read")
-NEMESIS_FS = ("pause-client", "pause-server", "partition")
+NEMESIS_FS = ("pause-client", "pause-server", "partition", "kill-client", "restart-server", "failover")
 
 
 class Malformed(Exception):
@@ -123,12 +126,22 @@ def holds_of(ops):
     """
     holds = []
     open_hold = {}
+    kinds = {}  # key -> (kind, permits, where first seen)
     for o in sorted(ops, key=lambda o: o["inv"]):
+        if o["f"] == "acquire":
+            kind, permits = kind_of(o)
+            seen = kinds.setdefault(o["key"], (kind, permits, o["_where"]))
+            if seen[:2] != (kind, permits):
+                raise Malformed(
+                    "%s: key %r acquired as a %s%s, but as a %s%s at %s"
+                    % (o["_where"], o["key"], kind, " of %s" % permits if permits else "",
+                       seen[0], " of %s" % seen[1] if seen[1] else "", seen[2]))
         if o["f"] == "acquire" and o["type"] == "ok":
             if "token" not in o or not isinstance(o["token"], int):
                 raise Malformed("%s: an ok acquire without a token" % o["_where"])
             h = {"key": o["key"], "process": o["process"], "token": o["token"],
-                 "start": o["end"], "end": o["end"], "where": o["_where"]}
+                 "start": o["end"], "end": o["end"], "where": o["_where"], "inv": o["inv"],
+                 "kind": kind, "permits": permits, "mode": o.get("mode")}
             holds.append(h)
             open_hold[(o["process"], o["key"])] = h
         elif o["f"] == "release":
@@ -144,12 +157,41 @@ def holds_of(ops):
     return holds
 
 
+def kind_of(o):
+    """What an acquire takes: ("lock", None), ("semaphore", n) or ("rw", None)."""
+    permits, mode = o.get("permits"), o.get("mode")
+    if permits is not None and mode is not None:
+        raise Malformed("%s: an acquire with both permits and a mode" % o["_where"])
+    if permits is not None:
+        if not isinstance(permits, int) or isinstance(permits, bool) or permits < 1:
+            raise Malformed("%s: permits is not a positive integer" % o["_where"])
+        return "semaphore", permits
+    if mode is not None:
+        if mode not in ("read", "write"):
+            raise Malformed("%s: mode is neither read nor write: %r" % (o["_where"], mode))
+        return "rw", None
+    return "lock", None
+
+
+def by_key_of(holds, kind):
+    """The holds of each key of one kind, as a dict key -> list."""
+    by_key = defaultdict(list)
+    for h in holds:
+        if h["kind"] == kind:
+            by_key[h["key"]].append(h)
+    return by_key
+
+
+def describe(h, origin):
+    what = {"lock": "", "semaphore": "a permit, ", "rw": "%s, " % h["mode"]}[h["kind"]]
+    return "%s (%stoken %d, [%s .. %s])" % (h["process"], what, h["token"],
+                                             ms(h["start"], origin), ms(h["end"], origin))
+
+
 def check_mutex(holds, origin, shown):
     """Two certain holds of one key that overlap: no order of the operations explains them."""
     violations = []
-    by_key = defaultdict(list)
-    for h in holds:
-        by_key[h["key"]].append(h)
+    by_key = by_key_of(holds, "lock")
     for key in sorted(by_key):
         latest = None  # the hold with the latest end so far
         for h in sorted(by_key[key], key=lambda h: (h["start"], h["end"])):
@@ -165,12 +207,119 @@ def check_mutex(holds, origin, shown):
     return violations
 
 
-def check_fences(holds, origin, shown):
-    """A hold that certainly came after another of its key must carry a higher token."""
+def check_semaphore(holds, origin):
+    """More than n certain holds of a semaphore of n permits at one instant.
+
+    A sweep over the starts and ends of the certain holds, an end before a start at the same
+    instant (holds that only touch do not overlap). One violation per start that lifts the count
+    above n.
+    """
+    violations = []
+    for key, hs in sorted(by_key_of(holds, "semaphore").items()):
+        n = hs[0]["permits"]
+        points = []
+        for i, h in enumerate(hs):
+            points.append((h["start"], 1, i))
+            points.append((h["end"], 0, i))
+        active = set()
+        for _, is_start, i in sorted(points):
+            if not is_start:
+                active.discard(i)
+                continue
+            if hs[i]["end"] == hs[i]["start"]:
+                continue  # a hold of no length overlaps nothing
+            active.add(i)
+            if len(active) > n:
+                others = sorted(active - {i}, key=lambda j: hs[j]["start"])
+                violations.append(
+                    "semaphore %r of %d: %s is granted while %d others hold: %s"
+                    % (key, n, describe(hs[i], origin), len(others),
+                       ", ".join(describe(hs[j], origin) for j in others[:n + 1])))
+    return violations
+
+
+def check_rw(holds, origin):
+    """A write's certain hold overlapping any other certain hold of the same read-write lock.
+
+    By start: a write conflicts with the latest-ending hold of any mode before it, a read with
+    the latest-ending write before it; every overlapping pair with a write in it is so found at
+    its later start (one violation per such start).
+    """
+    violations = []
+    for key, hs in sorted(by_key_of(holds, "rw").items()):
+        latest_any = latest_write = None
+        for h in sorted(hs, key=lambda h: (h["start"], h["end"])):
+            other = latest_any if h["mode"] == "write" else latest_write
+            if other is not None and h["start"] < other["end"] and h["start"] < h["end"]:
+                violations.append("read-write lock %r: %s is granted while %s holds"
+                                  % (key, describe(h, origin), describe(other, origin)))
+            if latest_any is None or h["end"] > latest_any["end"]:
+                latest_any = h
+            if h["mode"] == "write" and (latest_write is None or h["end"] > latest_write["end"]):
+                latest_write = h
+    return violations
+
+
+def check_grant_order(holds, origin):
+    """A grant whose acquire was invoked after another grant returned must carry a higher token.
+
+    Every kind promises tokens strictly rising in the order of grants, per key: the earlier
+    grant took effect before its call returned, the later one after its call was invoked.
+    """
     violations = []
     by_key = defaultdict(list)
     for h in holds:
         by_key[h["key"]].append(h)
+    for key in sorted(by_key):
+        hs = by_key[key]
+        by_start = sorted(hs, key=lambda h: h["start"])
+        best = None  # the highest-token grant among those returned before the current invocation
+        i = 0
+        for h in sorted(hs, key=lambda h: h["inv"]):
+            while i < len(by_start) and by_start[i]["start"] < h["inv"]:
+                if best is None or by_start[i]["token"] > best["token"]:
+                    best = by_start[i]
+                i += 1
+            if best is not None and h["token"] <= best["token"]:
+                violations.append((h, 
+                    "key %r: %s is granted token %d by a call invoked at %s, after %s was "
+                    "granted token %d at %s"
+                    % (key, h["process"], h["token"], ms(h["inv"], origin), best["process"],
+                       best["token"], ms(best["start"], origin))))
+    return violations
+
+
+def check_rw_fences(holds, origin):
+    """Of two holds of a read-write lock, one a write, the later must carry the higher token.
+
+    Under the read-write model a hold that began after another with a write in the pair ended
+    was granted after it (were it granted before, the two would have held together), so its
+    token is higher. Two reads may hold together: the grant-order check covers those.
+    """
+    violations = []
+    for key, hs in sorted(by_key_of(holds, "rw").items()):
+        by_end = sorted(hs, key=lambda h: h["end"])
+        best_any = best_write = None  # among the holds that ended before the current start
+        i = 0
+        for h in sorted(hs, key=lambda h: h["start"]):
+            while i < len(by_end) and by_end[i]["end"] < h["start"]:
+                e = by_end[i]
+                if best_any is None or e["token"] > best_any["token"]:
+                    best_any = e
+                if e["mode"] == "write" and (best_write is None or e["token"] > best_write["token"]):
+                    best_write = e
+                i += 1
+            best = best_any if h["mode"] == "write" else best_write
+            if best is not None and h["token"] <= best["token"]:
+                violations.append((h, "read-write lock %r: %s, after %s ended"
+                                   % (key, describe(h, origin), describe(best, origin))))
+    return violations
+
+
+def check_fences(holds, origin, shown):
+    """A hold that certainly came after another of its key must carry a higher token."""
+    violations = []
+    by_key = by_key_of(holds, "lock")
     for key in sorted(by_key):
         hs = by_key[key]
         by_end = sorted(hs, key=lambda h: h["end"])
@@ -182,10 +331,10 @@ def check_fences(holds, origin, shown):
                     best = by_end[i]
                 i += 1
             if best is not None and h["token"] <= best["token"]:
-                violations.append(
+                violations.append((h,
                     "key %r: %s is granted token %d at %s, after %s held token %d until %s"
                     % (key, h["process"], h["token"], ms(h["start"], origin),
-                       best["process"], best["token"], ms(best["end"], origin)))
+                       best["process"], best["token"], ms(best["end"], origin))))
     return violations
 
 
@@ -276,7 +425,14 @@ def main(argv):
         holds = holds_of(ops)
         origin = min(e["time"] for e in events)
         mutex = check_mutex(holds, origin, shown)
-        fences = check_fences(holds, origin, shown)
+        semaphore = check_semaphore(holds, origin)
+        rw = check_rw(holds, origin)
+        # A grant may break more than one token rule: it counts once, with the first reason.
+        regressed = {}
+        for h, why in (check_fences(holds, origin, shown) + check_rw_fences(holds, origin)
+                       + check_grant_order(holds, origin)):
+            regressed.setdefault(id(h), why)
+        fences = list(regressed.values())
         rows, lost_violations, lost, increments = check_lost_updates(ops, origin)
     except Malformed as err:
         print("malformed history: %s" % err, file=sys.stderr)
@@ -291,23 +447,31 @@ def main(argv):
     print("history: %d files, %d lines, %d operations (%d ok, %d fail, %d unknown)"
           % (len(files), len(events), len(ops), count("ok"), count("fail"), count("unknown")))
     print("faults: %s" % (", ".join("%s %d" % kv for kv in sorted(faults.items())) or "none"))
+    of = lambda kind: [h for h in holds if h["kind"] == kind]
     print("mutex: %d holds on %d keys, %d grants; %d overlapping"
-          % (len(holds), len(set(h["key"] for h in holds)), grants, len(mutex)))
-    print("fenced mutex: %d holds; %d token regressions" % (len(holds), len(fences)))
+          % (len(of("lock")), len(set(h["key"] for h in of("lock"))), grants, len(mutex)))
+    print("semaphore: %d holds on %d semaphores; %d grants beyond the permits"
+          % (len(of("semaphore")), len(set(h["key"] for h in of("semaphore"))),
+             len(semaphore)))
+    print("read-write: %d holds (%d writes) on %d locks; %d beside a writer"
+          % (len(of("rw")), sum(1 for h in of("rw") if h["mode"] == "write"),
+             len(set(h["key"] for h in of("rw"))), len(rw)))
+    print("fenced: %d holds; %d token regressions" % (len(holds), len(fences)))
     print("locked set: %s" % ("no increments" if not rows else "%d keys" % len(rows)))
     for row in rows:
         print("  " + row)
-    for title, vs in (("mutex violations", mutex), ("token regressions", fences),
+    for title, vs in (("mutex violations", mutex), ("semaphore violations", semaphore),
+                      ("read-write violations", rw), ("token regressions", fences),
                       ("lost updates", lost_violations)):
         if vs:
             print("%s (first %d of %d):" % (title, min(shown, len(vs)), len(vs)))
             for v in vs[:shown]:
                 print("  - " + v)
     print("summary ops=%d grants=%d unknown=%d faults=%d increments=%d mutex_violations=%d "
-          "token_regressions=%d lost_updates=%d"
+          "semaphore_violations=%d rw_violations=%d token_regressions=%d lost_updates=%d"
           % (len(ops), grants, count("unknown"), sum(faults.values()), increments, len(mutex),
-             len(fences), lost))
-    return 1 if (mutex or fences or lost_violations) else 0
+             len(semaphore), len(rw), len(fences), lost))
+    return 1 if (mutex or semaphore or rw or fences or lost_violations) else 0
 
 
 if __name__ == "__main__":

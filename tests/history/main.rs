@@ -13,6 +13,10 @@
 //! a holder cut from its server, a quorum split, a Sentinel master cut from its replicas and
 //! sentinels, and the locked set with a holder cut from the lock's server.
 //!
+//! `models.rs` shows the checker's semaphore and read-write models failing on crafted histories;
+//! `shared.rs` records semaphores and read-write locks held by worker processes while a nemesis
+//! freezes and kills holders, restarts the server (with and without AOF) and fails Sentinel over.
+//!
 //! A longer run: `FENCELOCK_HISTORY_SECS=120 cargo test --release --test history -- --nocapture
 //! locked_set`, with `FENCELOCK_HISTORY_SEED` to repeat a seed (printed),
 //! `FENCELOCK_HISTORY_NEMESIS` to choose faults (`none`, or some of `pause-client`,
@@ -32,6 +36,9 @@ mod support;
 // anywhere (CI runs `--all-features`).
 #[cfg(all(target_os = "linux", feature = "partition-tests"))]
 mod partition;
+
+mod models;
+mod shared;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,7 +1,8 @@
 //! Read-write locks (`LockClient::read_lock`, `write_lock`) on one server: never a writer beside
 //! readers or another writer, tokens, no writer starved by readers, a writer's release admitting
 //! every waiting reader, holders killed coming back within their lease, the `try_*` timeouts,
-//! and the quorum's refusal.
+//! and the quorum's refusal; under faults (`faults`), holders frozen past their lease, a killed
+//! reader with a queue behind it, and Redis restarted with and without AOF.
 //!
 //! Tests share this process: none sets process-wide state. `crash` runs holders in other
 //! processes (`examples/hold_rw.rs`): build the examples first (`cargo build --examples`), as a
@@ -13,6 +14,7 @@ mod support;
 mod api;
 mod crash;
 mod exclusion;
+mod faults;
 mod order;
 
 use std::time::Duration;

@@ -17,8 +17,11 @@
 //!   may or may not have: a timeout, a broken connection); `info` for a line that is no
 //!   operation of a client;
 //! - `f`: `acquire`, `release`, `incr` (the locked-set workload's read-modify-write), `read` (of
-//!   the final value), `pause-client`, `pause-server`, `partition` (the nemesis);
+//!   the final value), `pause-client`, `pause-server`, `partition`, `kill-client`,
+//!   `restart-server`, `failover` (the nemesis);
 //! - `token` (acquire ok): the fencing token granted;
+//! - `permits` (acquire, of a semaphore): the semaphore's count of permits; `mode` (acquire, of
+//!   a read-write lock): `read` or `write`. An acquire with neither is of a plain lock;
 //! - `last_held` (release invoke): the last time the client saw `is_held()` true before it
 //!   released; the hold ends there;
 //! - `value`, `read` (incr ok): the value written and the value read; `value` (read ok): the value
@@ -99,6 +102,8 @@ pub struct Event {
     pub read: Option<i64>,
     pub error: Option<String>,
     pub target: Option<String>,
+    pub permits: Option<u32>,
+    pub mode: Option<&'static str>,
 }
 
 impl Event {
@@ -116,6 +121,8 @@ impl Event {
             read: None,
             error: None,
             target: None,
+            permits: None,
+            mode: None,
         }
     }
 
@@ -154,6 +161,18 @@ impl Event {
         self
     }
 
+    /// An acquire of a semaphore of `n` permits.
+    pub fn permits(mut self, n: u32) -> Event {
+        self.permits = Some(n);
+        self
+    }
+
+    /// An acquire of a read-write lock: `"read"` or `"write"`.
+    pub fn mode(mut self, mode: &'static str) -> Event {
+        self.mode = Some(mode);
+        self
+    }
+
     /// The JSON object, on one line, without the newline.
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(128);
@@ -189,6 +208,12 @@ impl Event {
         if let Some(t) = &self.target {
             out.push_str(",\"target\":");
             push_json_string(&mut out, t);
+        }
+        if let Some(n) = self.permits {
+            let _ = write!(out, ",\"permits\":{n}");
+        }
+        if let Some(m) = self.mode {
+            let _ = write!(out, ",\"mode\":\"{m}\"");
         }
         out.push('}');
         out
