@@ -435,6 +435,7 @@
 mod client;
 mod election;
 mod guard;
+mod held;
 mod multi;
 mod reentrant;
 mod rwlock;
@@ -473,7 +474,7 @@ pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
-pub use crate::rwlock::{ReadGuard, WriteGuard};
+pub use crate::rwlock::{ReadGuard, RwLockStatus, WriteGuard};
 pub use crate::semaphore::{Permit, Semaphore, SemaphoreStatus};
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;

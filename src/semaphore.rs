@@ -1,17 +1,18 @@
-//! A fenced counting semaphore: [`Semaphore`], [`Permit`] and [`SemaphoreStatus`], a thin type
-//! over what a lock already has (queues, handoff, renewal, grants, tokens), through the engine
-//! seam (`engine.rs`; on one master, `one_master/permits.rs`).
+//! A fenced counting semaphore: [`Semaphore`], [`Permit`] and [`SemaphoreStatus`], a front end
+//! of the shared lock (`held.rs`, `key/shared_lock.rs`; on one master,
+//! `one_master/shared_lock.rs`) whose grants each weigh one of the semaphore's permits.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
 use crate::error::{Error, Result};
-use crate::grant::Grant;
-use crate::key::PermitKeys;
+use crate::held::{deadline, Held};
+use crate::key::SharedLockKeys;
 use crate::options::{Deadline, LockOptions};
+use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
 use crate::token::FencingToken;
 
@@ -50,15 +51,15 @@ use crate::token::FencingToken;
 #[derive(Clone)]
 pub struct Semaphore {
     shared: Arc<Shared>,
-    keys: Arc<PermitKeys>,
+    keys: Arc<SharedLockKeys>,
 }
 
 impl Semaphore {
     /// Checks the name and the count, and the client's engine; no network call.
     pub(crate) fn new(shared: Arc<Shared>, name: &str, permits: u32) -> Result<Semaphore> {
-        let mut keys = PermitKeys::new(&shared.config.namespace, name, permits)?;
+        let mut keys = SharedLockKeys::semaphore(&shared.config.namespace, name, permits)?;
         keys.set_idle_expiry(shared.config.idle_expiry);
-        shared.engine.semaphores()?;
+        shared.engine.shared_locks(&keys)?;
         Ok(Semaphore {
             shared,
             keys: Arc::new(keys),
@@ -152,11 +153,7 @@ impl Semaphore {
         timeout: Duration,
         options: &LockOptions,
     ) -> Result<Option<Permit>> {
-        match Instant::now().checked_add(timeout) {
-            _ if timeout.is_zero() => self.take(Deadline::Now, options),
-            Some(deadline) => self.take(Deadline::At(deadline), options),
-            None => self.acquire_with(options).map(Some),
-        }
+        self.take(deadline(timeout), options)
     }
 
     /// How the semaphore stands in Redis: permits held and clients waiting, read in one atomic
@@ -177,7 +174,7 @@ impl Semaphore {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the semaphore is in use with
     /// another count; connection errors and timeouts as for any command.
     pub fn status(&self) -> Result<SemaphoreStatus> {
-        let status = self.shared.engine.permit_status(&self.keys)?;
+        let status = self.shared.engine.shared_status(&self.keys)?;
         Ok(SemaphoreStatus {
             permits: self.keys.count(),
             held: status.held,
@@ -197,17 +194,16 @@ impl Semaphore {
             return Err(Error::Cancelled);
         }
         let lease = options.lease.unwrap_or(self.shared.config.lease);
-        Ok(self
-            .shared
-            .engine
-            .acquire_permit(&self.keys, lease, deadline, options.cancel.as_ref())?
-            .map(|grant| Permit {
-                shared: Arc::clone(&self.shared),
-                keys: Arc::clone(&self.keys),
-                grant,
-                lost: OnceLock::new(),
-                released: false,
-            }))
+        let cancel = options.cancel.as_ref();
+        let held = Held::take(
+            &self.shared,
+            &self.keys,
+            Access::Permit,
+            lease,
+            deadline,
+            cancel,
+        )?;
+        Ok(held.map(|held| Permit { held }))
     }
 }
 
@@ -244,37 +240,65 @@ impl fmt::Debug for Semaphore {
 #[must_use = "if unused the permit is released at once"]
 #[clippy::has_significant_drop]
 pub struct Permit {
-    shared: Arc<Shared>,
-    keys: Arc<PermitKeys>,
-    grant: Arc<Grant>,
-    lost: OnceLock<Receiver<()>>,
-    released: bool,
+    held: Held,
 }
 
 impl Permit {
     /// The name of the semaphore this permit is of.
     pub fn name(&self) -> &str {
-        self.keys.name()
+        self.held.name()
     }
 
     /// The fencing token of this grant: larger than that of every earlier grant of the
     /// semaphore, whichever permit it was.
     pub fn token(&self) -> FencingToken {
-        self.grant.token
+        self.held.token()
+    }
+
+    /// The lease renewals re-arm: the one this permit was taken with, or the last
+    /// [`extend`](Permit::extend)'s.
+    pub fn lease(&self) -> Duration {
+        self.held.lease()
     }
 
     /// Whether the permit is still ours, as far as this process can know without asking Redis:
     /// exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of a lock. False once
     /// renewal found the permit gone, or the local deadline passed without a confirmed renewal.
     pub fn is_held(&self) -> bool {
-        self.grant.is_held()
+        self.held.is_held()
     }
 
     /// A channel that becomes ready when the permit is lost, to block or `select!` on: one `()`,
     /// then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost) does. Ready at once
     /// if the permit was lost before the first call.
     pub fn lost(&self) -> &Receiver<()> {
-        self.lost.get_or_init(|| self.grant.watch())
+        self.held.lost()
+    }
+
+    /// Makes the permit's lease run at least `lease` from now, if the permit is still ours;
+    /// renewal keeps re-arming this lease from then on. Exactly as
+    /// [`LockGuard::extend`](crate::LockGuard::extend) does for a lock: useful to lengthen a
+    /// lease before a step that may stall, and it never shortens a lease (a late, shorter
+    /// extend could otherwise let Redis free the permit while this one still says held).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let permit = client.semaphore("uploads", 4)?.acquire()?;
+    /// permit.extend(Duration::from_secs(120))?; // a long upload ahead
+    /// assert_eq!(permit.lease(), Duration::from_secs(120));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of range,
+    /// before any network call; [`Error::LockLost`](crate::Error::LockLost) if the permit is no
+    /// longer ours; [`Error::NotReplicated`](crate::Error::NotReplicated) as for a lock's
+    /// extend; connection errors and timeouts as for any command.
+    pub fn extend(&self, lease: Duration) -> Result<()> {
+        self.held.extend(lease)
     }
 
     /// Releases the permit now, handing it to the longest waiter if any, and waits for Redis to
@@ -284,34 +308,14 @@ impl Permit {
     /// [`Error::LockLost`](crate::Error::LockLost) (with the semaphore's name) if the permit was
     /// no longer ours: its lease ran out. Connection errors and timeouts as for any command;
     /// the permit then runs out with its lease, as renewal has stopped.
-    pub fn release(mut self) -> Result<()> {
-        self.released = true;
-        self.shared.engine.release_permit(&self.keys, &self.grant)
-    }
-}
-
-/// Releases the permit, best effort, in one round trip: failures are logged and the permit then
-/// runs out with its lease. A permit already known lost, or whose Redis the client last failed
-/// to reach, is not waited for: renewal stops, and the release is left to a background thread,
-/// as for a [`LockGuard`](crate::LockGuard).
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        self.shared
-            .engine
-            .release_permit_detached(&self.keys, &self.grant);
+    pub fn release(self) -> Result<()> {
+        self.held.unlock()
     }
 }
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("name", &self.keys.name())
-            .field("token", &self.grant.token)
-            .field("held", &self.is_held())
-            .finish_non_exhaustive()
+        self.held.debug(f, "Permit", "name")
     }
 }
 

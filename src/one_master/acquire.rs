@@ -256,12 +256,7 @@ fn accept(
         // and WAIT counts only what its own connection wrote, so the extend re-arms the
         // lease on ours and WAITs behind it.
         let sent = Instant::now();
-        let confirmed = m.router.run(keys.lock(), |con, _| match acks {
-            Some(acks) => scripts::extend_acked(con, &keys, keys.owner(), lease, acks)
-                .map(|(ours, acked)| (ours, Some(acked))),
-            None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
-        });
-        match confirmed {
+        match m.confirm(&keys, lease) {
             Ok((true, acked)) => (sent, lease, acked),
             not_confirmed => {
                 // No guard will release this grant, and the next waiter of ours is woken

@@ -1,8 +1,8 @@
 -- permit_acquire.lua: take a permit of a counting semaphore if one is free for the caller, and
 -- mint a fencing token, atomically; otherwise, for a waiter, join the queue. (grant.lua and
--- permits.lua are prepended.)
+-- shared_lock.lua are prepended.)
 --
--- KEYS[1]  holders  ZSET owner id -> token of every permit granted and not released (permits.lua)
+-- KEYS[1]  holders  ZSET owner id -> token of every permit granted and not released (shared_lock.lua)
 -- KEYS[2]  fence    the semaphore's fence counter (see mint in grant.lua)
 -- KEYS[3]  queue    LIST of waiting owner ids, oldest first (see grant.lua)
 -- KEYS[4]  entries  HASH owner id -> "<expiry ms> <lease ms>"

@@ -1,12 +1,15 @@
--- permits.lua: what a semaphore's acquire and release share, prepended to both after grant.lua
--- (not a script of its own).
+-- shared_lock.lua: what the acquire and release scripts of a shared lock (a semaphore's
+-- permit_*.lua, a read-write lock's rw_*.lua) share, prepended to each after grant.lua (not a
+-- script of its own).
 --
--- A semaphore's holders: KEYS[1] is a ZSET of the owner ids granted a permit and not released,
--- scored by their fencing tokens. Each has its permit key, "<namespace>:permit:{<tag>}:<owner
--- id>" (KEYS[6] for the caller: the others are in the same slot, and are named by their owner id
--- behind the same prefix), holding the owner id with the lease as TTL; renewal extends it as it
--- extends a lock key (extend.lua). A member whose permit key is gone (its lease ran out: the
--- holder crashed, stalled, or lost it) counts no more, and is taken out when a script looks.
+-- A shared lock's holders: KEYS[1] is a ZSET of the owner ids granted (a permit, or a read) and
+-- not released, scored by their fencing tokens (a read-write lock's writers are in a second
+-- ZSET, KEYS[5]). Each grant has its own key, "<namespace>:permit:{<tag>}:<owner id>" or
+-- "<namespace>:rwhold:{<tag>}:<owner id>" (KEYS[6] for the caller: the others are in the same
+-- slot, and are named by their owner id behind the same prefix), holding the owner id with the
+-- lease as TTL; renewal extends it as it extends a lock key (extend.lua). A member whose key is
+-- gone (its lease ran out: the holder crashed, stalled, or lost it) counts no more, and is taken
+-- out when a script looks.
 
 -- Counts the live holders, taking out the dead; returns the count and the soonest end of a live
 -- holder's lease in ms from now (-1: none is live, or none has an expiry).
