@@ -230,9 +230,10 @@
 //! # Counting semaphores
 //!
 //! [`LockClient::semaphore`] makes a [`Semaphore`]: at most so many [`Permit`]s of it are held
-//! at once, across every client. A permit is held as a lock is (renewed, reported lost, given
-//! back by Redis when its lease runs out), carries its own [`FencingToken`], and is handed
-//! straight to the next waiter by a release, first come, first served across clients.
+//! at once, across every client. A permit is held as a lock is (renewed, extended with
+//! [`Permit::extend`], reported lost, given back by Redis when its lease runs out), carries its
+//! own [`FencingToken`], and is handed straight to the next waiter by a release, first come,
+//! first served across clients.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {
@@ -252,8 +253,10 @@
 //! lock, so a reader that comes after a waiting writer waits behind it and readers never starve
 //! a writer; a writer's release admits every reader waiting at the head of the queue at once.
 //! Every grant carries a [`FencingToken`] from one counter per lock, so a write's token is above
-//! that of every earlier read and write. A read-write lock and a plain lock of the same name are
-//! two independent locks. One master only (a single server, Sentinel or Cluster).
+//! that of every earlier read and write. The guards are renewed and extended as a [`LockGuard`]
+//! is, and [`LockClient::rwlock_status`] reads how the lock stands ([`RwLockStatus`]). A
+//! read-write lock and a plain lock of the same name are two independent locks. One master only
+//! (a single server, Sentinel or Cluster).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {

@@ -13,7 +13,9 @@ mod support;
 mod api;
 mod crash;
 mod exclusion;
+mod extend;
 mod order;
+mod status;
 
 use std::time::Duration;
 
