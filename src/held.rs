@@ -12,7 +12,7 @@ use crossbeam_channel::Receiver;
 use crate::error::Result;
 use crate::grant::Grant;
 use crate::key::SharedLockKeys;
-use crate::metrics::{self, Op};
+use crate::metrics::{self, Op, Since};
 use crate::options::{validate_lease, Deadline};
 use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
@@ -38,6 +38,7 @@ impl Held {
         deadline: Deadline,
         cancel: Option<&Receiver<()>>,
     ) -> Result<Option<Held>> {
+        let called = Since::now();
         let taken = loop {
             let grant = shared
                 .engine
@@ -47,6 +48,7 @@ impl Held {
                 (grant, _) => break grant,
             }
         };
+        metrics::acquired_as(&shared.config.namespace, access.kind(), called, &taken);
         Ok(taken?.map(|grant| Held {
             shared: Arc::clone(shared),
             keys: Arc::clone(keys),

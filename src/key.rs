@@ -10,6 +10,16 @@ mod shared_lock;
 
 pub(crate) use shared_lock::{Kind, SharedLockKeys};
 
+/// What one grant is: a plain lock's (an election's and a set's keys included), or a shared
+/// lock's permit, read or write. Carried with a grant's names for the metrics' `grant` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrantKind {
+    Lock,
+    Permit,
+    Read,
+    Write,
+}
+
 /// Longest user key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
 
@@ -51,6 +61,8 @@ pub(crate) struct LockKeys {
     /// [`set_idle_expiry`](LockKeys::set_idle_expiry)): the scripts that grant arm the fence
     /// counter's TTL with it. Carried here because every such call already takes the keys.
     idle_ms: u64,
+    /// What the grant these names are for is (the metrics' label).
+    kind: GrantKind,
 }
 
 impl LockKeys {
@@ -93,12 +105,14 @@ impl LockKeys {
             names,
             ends,
             idle_ms: millis(DEFAULT_IDLE_EXPIRY),
+            kind: GrantKind::Lock,
         })
     }
 
     /// Names made elsewhere (a shared lock's grant, `key/shared_lock.rs`): `keys` are what
     /// [`all`](LockKeys::all) returns, the first of them what [`lock`](LockKeys::lock) returns.
     pub(crate) fn assembled(
+        kind: GrantKind,
         user: &str,
         tag: &str,
         keys: [&str; 4],
@@ -120,7 +134,13 @@ impl LockKeys {
             names,
             ends,
             idle_ms,
+            kind,
         }
+    }
+
+    /// What the grant these names are for is.
+    pub(crate) fn kind(&self) -> GrantKind {
+        self.kind
     }
 
     /// Names the owner of this lock call: `<prefix><n>`.

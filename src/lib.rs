@@ -362,17 +362,19 @@
 //!
 //! | metric | type | labels | what |
 //! |---|---|---|---|
-//! | `fencelock_grants_total` | counter | `how` | grants: own attempt, or handoff |
-//! | `fencelock_wait_seconds` | histogram | | from a lock call to its grant |
-//! | `fencelock_lock_timeouts_total` | counter | | `try_lock` calls that returned `None` |
-//! | `fencelock_hold_seconds` | histogram | | from a grant to its release |
-//! | `fencelock_handoffs_total` | counter | `to` | releases that handed the lock over |
+//! | `fencelock_grants_total` | counter | `grant`, `how` | grants: own attempt, or handoff |
+//! | `fencelock_wait_seconds` | histogram | `grant` | from a lock call to its grant |
+//! | `fencelock_lock_timeouts_total` | counter | `grant` | `try_*` calls that returned `None` |
+//! | `fencelock_hold_seconds` | histogram | `grant` | from a grant to its release |
+//! | `fencelock_handoffs_total` | counter | `grant`, `to` | grants a release handed over |
 //! | `fencelock_renewals_total` | counter | | leases renewed |
 //! | `fencelock_renewal_round_trip_seconds` | histogram | | one renewal pipeline |
-//! | `fencelock_losses_total` | counter | | locks lost while held |
+//! | `fencelock_losses_total` | counter | `grant` | grants lost while held |
 //! | `fencelock_errors_total` | counter | `op`, `kind` | errors: `kind="connection"`, ... |
 //!
-//! Every series carries the client's `namespace` as a label; lock keys never become labels.
+//! Every series carries the client's `namespace` as a label, and those of one grant its `grant`:
+//! `lock`, `permit` (a semaphore's), `read` or `write` (a read-write lock's). Lock keys never
+//! become labels.
 //! Without the feature nothing is recorded and nothing is paid.
 //! [metrics.md] says exactly what each one counts, and what recording costs.
 //!

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use super::{escape, millis, LockKeys, DEFAULT_IDLE_EXPIRY, MAX_KEY_LEN};
+use super::{escape, millis, GrantKind, LockKeys, DEFAULT_IDLE_EXPIRY, MAX_KEY_LEN};
 use crate::error::{Error, Result};
 
 /// What a semaphore's tag starts with.
@@ -169,12 +169,13 @@ impl SharedLockKeys {
         [a, b, c, d, e]
     }
 
-    /// The names of the grant that `owner` holds or waits for, as a grant carries them: its
-    /// lock key is the grant's own key, which renewal extends as it extends a lock's.
-    pub(crate) fn hold(&self, owner: &str) -> LockKeys {
+    /// The names of the grant (of `kind`) that `owner` holds or waits for, as a grant carries
+    /// them: its lock key is the grant's own key, which renewal extends as it extends a lock's.
+    pub(crate) fn hold(&self, owner: &str, kind: GrantKind) -> LockKeys {
         let hold = format!("{}{owner}", self.hold_prefix);
         let [_, fence, queue, waiters, _] = self.all();
         LockKeys::assembled(
+            kind,
             &self.name,
             &self.tag,
             [&hold, fence, queue, waiters],
@@ -201,7 +202,7 @@ mod tests {
             let s = SharedLockKeys::semaphore("ns", name, 3).unwrap();
             let r = SharedLockKeys::rwlock("ns", name).unwrap();
             for k in [&s, &r] {
-                let h = k.hold("c0ffee:7");
+                let h = k.hold("c0ffee:7", GrantKind::Permit);
                 for key in k.all().into_iter().chain([h.lock()]) {
                     assert_eq!(slot_tag(key), k.tag(), "{name:?} {key:?}");
                 }
@@ -230,7 +231,7 @@ mod tests {
     #[test]
     fn a_grant_reads_as_a_lock_of_its_own() {
         let k = SharedLockKeys::semaphore("a:b", "up{loads}", 4).unwrap();
-        let p = k.hold("c0ffee:7");
+        let p = k.hold("c0ffee:7", GrantKind::Permit);
         assert_eq!(p.lock(), "a:b:permit:{%semaphore:up%7Bloads%7D}:c0ffee:7");
         assert_eq!(p.owner(), "c0ffee:7");
         assert_eq!(p.user(), "up{loads}");
@@ -241,7 +242,7 @@ mod tests {
         assert_eq!(p.fence(), "a:b:fence:{%semaphore:up%7Bloads%7D}");
 
         let k = SharedLockKeys::rwlock("a:b", "con{fig}").unwrap();
-        let h = k.hold("c0ffee:7");
+        let h = k.hold("c0ffee:7", GrantKind::Permit);
         assert_eq!(h.lock(), "a:b:rwhold:{%rwlock:con%7Bfig%7D}:c0ffee:7");
         assert_eq!(h.user(), "con{fig}");
         assert_eq!(h.namespace(), "a:b");

@@ -28,6 +28,7 @@ use super::OneMaster;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant};
 use crate::key::{LockKeys, SharedLockKeys};
+use crate::metrics::{self, How, Op};
 use crate::net::pool::{Run, MIN_READ};
 use crate::net::router::Ride;
 use crate::options::Deadline;
@@ -77,16 +78,19 @@ enum Turn {
 }
 
 /// A grant: its token, the earliest its lease can have started, and for a handoff the lease
-/// Redis set (capped at [`HANDOFF_LEASE`]).
-type Granted = (FencingToken, Instant, Option<Duration>);
+/// Redis set (capped at [`HANDOFF_LEASE`]) and whose release it was.
+type Granted = (FencingToken, Instant, Option<(Duration, How)>);
 
 impl Call<'_> {
     /// One attempt, no waiting and no queueing.
     fn once(self, m: &Arc<OneMaster>) -> Result<Option<Arc<Grant>>> {
-        let hold = self.keys.hold(&m.owners.next_id());
+        let hold = self.keys.hold(&m.owners.next_id(), self.access.kind());
         let sent = Instant::now();
         match self.attempt(m, &hold, JoinQueue::Never, None)? {
-            Acquired::Granted(token) => Ok(Some(self.hold(m, hold, token, sent, self.lease))),
+            Acquired::Granted(token) => {
+                self.count(m, How::Attempt);
+                Ok(Some(self.hold(m, hold, token, sent, self.lease)))
+            }
             Acquired::Refused(_) => Ok(None),
             Acquired::OtherCount(count) => Err(other_count(self.keys, count)),
         }
@@ -108,7 +112,7 @@ impl Call<'_> {
     /// One turn in the local queue, with an owner id of its own.
     fn turn(self, m: &Arc<OneMaster>, deadline: Option<Instant>) -> Result<Turn> {
         let keys = self.keys;
-        let hold = keys.hold(&m.owners.next_id());
+        let hold = keys.hold(&m.owners.next_id(), self.access.kind());
         let ticket = m.waiters.join(keys.tag(), hold.owner(), self.lease);
         let found = self.wait_for_grant(m, &hold, deadline, &ticket);
         if let Ok(Some((token, sent, handoff))) = found {
@@ -239,14 +243,19 @@ impl Call<'_> {
         hold: LockKeys,
         token: FencingToken,
         sent: Instant,
-        handoff: Option<Duration>,
+        handoff: Option<(Duration, How)>,
     ) -> Result<Turn> {
         let (keys, lease) = (self.keys, self.lease);
         let acks = m.config.replica_acks;
-        let granted = match handoff {
-            None => return Ok(Turn::Granted(self.hold(m, hold, token, sent, lease))),
-            Some(granted) if acks.is_none() && sent.elapsed() <= granted / 2 => granted,
-            Some(_) => {
+        let (granted, how) = match handoff {
+            None => {
+                self.count(m, How::Attempt);
+                return Ok(Turn::Granted(self.hold(m, hold, token, sent, lease)));
+            }
+            Some((granted, how)) if acks.is_none() && sent.elapsed() <= granted / 2 => {
+                (granted, how)
+            }
+            Some((_, how)) => {
                 // With replica acks: the handoff was written by the releaser, on another
                 // connection, and WAIT counts only what its own connection wrote, so the
                 // extend re-arms the lease on ours and WAITs behind it.
@@ -262,7 +271,10 @@ impl Call<'_> {
                                 required: acks.replicas,
                             })
                         }
-                        _ => Ok(Turn::Granted(grant)),
+                        _ => {
+                            self.count(m, how);
+                            Ok(Turn::Granted(grant))
+                        }
                     };
                 }
                 // Not ours any more, or not known: give it back in our name (it is passed on if
@@ -284,7 +296,13 @@ impl Call<'_> {
                 return Ok(Turn::TooLate);
             }
         };
+        self.count(m, how);
         Ok(Turn::Granted(self.hold(m, hold, token, sent, granted)))
+    }
+
+    /// Counts a grant (the metrics' `fencelock_grants_total`), made `how`.
+    fn count(self, m: &OneMaster, how: How) {
+        metrics::granted_as(&m.config.namespace, self.access.kind(), how);
     }
 
     /// Makes the grant and hands it to the renewal thread, which renews the grant's key as a
@@ -431,7 +449,14 @@ fn handed(wake: Wake, earliest: Instant) -> Option<Granted> {
             since,
             lease,
             ..
-        } => Some((token, since.unwrap_or(earliest), Some(lease))),
+        } => {
+            // Our own release says when it sent the handoff; another client's says nothing.
+            let how = match since {
+                Some(_) => How::LocalHandoff,
+                None => How::RemoteHandoff,
+            };
+            Some((token, since.unwrap_or(earliest), Some((lease, how))))
+        }
         _ => None,
     }
 }
@@ -451,6 +476,7 @@ pub(super) fn release(
                 "fencelock: releasing a grant of {what} {name:?} failed, it expires with its \
                  lease: {e}"
             );
+            metrics::failed(grant.keys.namespace(), Op::Unlock, &e);
             return Err(e);
         }
     };
@@ -468,9 +494,11 @@ pub(super) fn release(
             grant.token
         );
     }
-    Err(Error::LockLost {
+    let lost = Error::LockLost {
         key: name.to_owned(),
-    })
+    };
+    metrics::failed(grant.keys.namespace(), Op::Unlock, &lost);
+    Err(lost)
 }
 
 /// A release for a guard's drop, which must not wait for a Redis that stopped answering: a
@@ -519,7 +547,9 @@ fn hand_over(
     };
     let mut ours = false;
     for admitted in &released.admitted {
-        if admitted.owner.starts_with(m.owners.prefix()) {
+        let local = admitted.owner.starts_with(m.owners.prefix());
+        metrics::handed_over(hold.namespace(), hold.kind(), local);
+        if local {
             // One of ours that queued in Redis: if it left meanwhile, its leaving gives the
             // grant back.
             ours = true;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::{RedisResult, Script, Value};
 
 use super::{evalsha, run, run_granting, JoinQueue, Leaving, ReplicaAcks};
-use crate::key::{millis, Kind, LockKeys, SharedLockKeys};
+use crate::key::{millis, GrantKind, Kind, LockKeys, SharedLockKeys};
 use crate::net::wire::Arg;
 use crate::token::FencingToken;
 
@@ -55,6 +55,17 @@ pub(crate) enum Access {
     Permit,
     Read,
     Write,
+}
+
+impl Access {
+    /// The grant this makes.
+    pub(crate) fn kind(self) -> GrantKind {
+        match self {
+            Access::Permit => GrantKind::Permit,
+            Access::Read => GrantKind::Read,
+            Access::Write => GrantKind::Write,
+        }
+    }
 }
 
 /// What one acquire attempt found.
