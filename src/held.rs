@@ -122,3 +122,70 @@ pub(crate) fn deadline(timeout: Duration) -> Deadline {
         None => Deadline::Never,
     }
 }
+
+/// The methods a guard of a shared lock has as a [`LockGuard`](crate::LockGuard) has them, over
+/// its `held` field: `token`, `lease`, `is_held`, `lost` and `extend`. `$grant` names the grant
+/// in the docs ("permit", "grant"), `$token` is what its token is above, and `$take` an
+/// expression that takes one from a `client`, for the example.
+macro_rules! held_guard {
+    ($guard:ident, $grant:literal, $token:literal, $take:literal) => {
+        impl $guard {
+            #[doc = concat!("The fencing token of this grant: larger than that of every earlier ", $token, ".")]
+            /// Storage that refuses a token below the largest it has seen refuses a stalled
+            /// holder's late writes.
+            pub fn token(&self) -> $crate::FencingToken {
+                self.held.token()
+            }
+
+            #[doc = concat!("The lease renewals re-arm: the one this ", $grant, " was taken with, or the last")]
+            #[doc = concat!("[`extend`](", stringify!($guard), "::extend)'s.")]
+            pub fn lease(&self) -> std::time::Duration {
+                self.held.lease()
+            }
+
+            #[doc = concat!("Whether the ", $grant, " is still ours, as far as this process can know without")]
+            /// asking Redis: exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of
+            /// a lock. False once renewal found it gone, or the local deadline passed without a
+            /// confirmed renewal.
+            pub fn is_held(&self) -> bool {
+                self.held.is_held()
+            }
+
+            #[doc = concat!("A channel that becomes ready when the ", $grant, " is lost, to block or `select!`")]
+            /// on: one `()`, then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost)
+            /// does. Ready at once if it was lost before the first call.
+            pub fn lost(&self) -> &crossbeam_channel::Receiver<()> {
+                self.held.lost()
+            }
+
+            #[doc = concat!("Makes the ", $grant, "'s lease run at least `lease` from now, if it is still ours;")]
+            /// renewal keeps re-arming this lease from then on. Exactly as
+            /// [`LockGuard::extend`](crate::LockGuard::extend) does for a lock: useful to
+            /// lengthen a lease before a step that may stall, and it never shortens a lease (a
+            /// late, shorter extend could otherwise let Redis free the grant while this guard
+            /// still says held).
+            ///
+            /// ```no_run
+            /// # fn main() -> Result<(), fencelock::Error> {
+            /// use std::time::Duration;
+            ///
+            /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+            #[doc = concat!("let guard = ", $take, ";")]
+            /// guard.extend(Duration::from_secs(120))?; // a long step ahead
+            /// assert_eq!(guard.lease(), Duration::from_secs(120));
+            /// # Ok(()) }
+            /// ```
+            ///
+            /// # Errors
+            /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of
+            /// range, before any network call; [`Error::LockLost`](crate::Error::LockLost) if
+            /// the grant is no longer ours; [`Error::NotReplicated`](crate::Error::NotReplicated)
+            /// as for a lock's extend; connection errors and timeouts as for any command.
+            pub fn extend(&self, lease: std::time::Duration) -> $crate::Result<()> {
+                self.held.extend(lease)
+            }
+        }
+    };
+}
+
+pub(crate) use held_guard;

@@ -319,7 +319,7 @@ pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn slot_tag(key: &str) -> &str {
+    pub(super) fn slot_tag(key: &str) -> &str {
         // Redis Cluster: the tag is what lies between the first '{' and the first '}' after it.
         let open = key.find('{').map(|i| i + 1).unwrap_or(0);
         let close = key[open..].find('}').map(|i| open + i).unwrap_or(key.len());

@@ -8,15 +8,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
-
 use crate::error::Result;
-use crate::held::{deadline, Held};
+use crate::held::{deadline, held_guard, Held};
 use crate::key::SharedLockKeys;
 use crate::options::Deadline;
 use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
-use crate::token::FencingToken;
 
 /// Takes the read-write lock `name` as `access` says, waiting until `deadline`.
 fn take(
@@ -144,62 +141,6 @@ macro_rules! guard_methods {
                 self.held.name()
             }
 
-            /// The fencing token of this grant, from one counter per lock for reads and writes
-            /// alike: larger than that of every earlier grant of the lock. So a write's token is
-            /// above that of every read and write granted before it, and storage that refuses
-            /// a token below the largest it has seen refuses a stalled holder's late writes.
-            pub fn token(&self) -> FencingToken {
-                self.held.token()
-            }
-
-            /// The lease renewals re-arm: the client's lease, or the last
-            #[doc = concat!("[`extend`](", stringify!($guard), "::extend)'s.")]
-            pub fn lease(&self) -> Duration {
-                self.held.lease()
-            }
-
-            /// Whether the lock is still ours, as far as this process can know without asking
-            /// Redis: exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of a
-            /// lock. False once renewal found the grant gone, or the local deadline passed
-            /// without a confirmed renewal.
-            pub fn is_held(&self) -> bool {
-                self.held.is_held()
-            }
-
-            /// A channel that becomes ready when the grant is lost, to block or `select!` on:
-            /// one `()`, then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost)
-            /// does. Ready at once if the grant was lost before the first call.
-            pub fn lost(&self) -> &Receiver<()> {
-                self.held.lost()
-            }
-
-            /// Makes the grant's lease run at least `lease` from now, if the grant is still
-            /// ours; renewal keeps re-arming this lease from then on. Exactly as
-            /// [`LockGuard::extend`](crate::LockGuard::extend) does for a lock: useful to
-            /// lengthen a lease before a step that may stall, and it never shortens a lease (a
-            /// late, shorter extend could otherwise let Redis free the grant while this guard
-            /// still says held).
-            ///
-            /// ```no_run
-            /// # fn main() -> Result<(), fencelock::Error> {
-            /// use std::time::Duration;
-            ///
-            /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
-            #[doc = concat!("let guard = client.", $what, "_lock(\"config\")?;")]
-            /// guard.extend(Duration::from_secs(120))?; // a long step ahead
-            /// assert_eq!(guard.lease(), Duration::from_secs(120));
-            /// # Ok(()) }
-            /// ```
-            ///
-            /// # Errors
-            /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of
-            /// range, before any network call; [`Error::LockLost`](crate::Error::LockLost) if
-            /// the grant is no longer ours; [`Error::NotReplicated`](crate::Error::NotReplicated)
-            /// as for a lock's extend; connection errors and timeouts as for any command.
-            pub fn extend(&self, lease: Duration) -> Result<()> {
-                self.held.extend(lease)
-            }
-
             #[doc = concat!("Releases the ", $what, " lock now and waits for Redis to confirm it; the")]
             /// same script admits the waiters that may hold next.
             ///
@@ -222,6 +163,19 @@ macro_rules! guard_methods {
 
 guard_methods!(ReadGuard, "read");
 guard_methods!(WriteGuard, "write");
+held_guard!(
+    ReadGuard,
+    "read grant",
+    "grant of the lock, read or write (one counter per lock)",
+    "client.read_lock(\"config\")?"
+);
+held_guard!(
+    WriteGuard,
+    "write grant",
+    "grant of the lock, read or write (one counter per lock): a write's token is above that of \
+     every read and write granted before it",
+    "client.write_lock(\"config\")?"
+);
 
 #[cfg(test)]
 mod tests {

@@ -6,15 +6,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
-
 use crate::error::{Error, Result};
-use crate::held::{deadline, Held};
+use crate::held::{deadline, held_guard, Held};
 use crate::key::SharedLockKeys;
 use crate::options::{Deadline, LockOptions};
 use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
-use crate::token::FencingToken;
 
 /// A counting semaphore in Redis: at most `permits` [`Permit`]s of it are held at once, across
 /// every client and process. Made by [`LockClient::semaphore`](crate::LockClient::semaphore).
@@ -22,7 +19,7 @@ use crate::token::FencingToken;
 /// A permit is held like a lock: under a lease that the client's renewal thread keeps alive,
 /// reported lost ([`Permit::is_held`], [`Permit::lost`]) if it runs out anyway, and given back by
 /// Redis when it runs out, so a crashed holder's permit comes back within its lease. Each grant
-/// carries a [`FencingToken`] larger than that of every earlier grant of the semaphore, so
+/// carries a [`FencingToken`](crate::FencingToken) larger than that of every earlier grant of the semaphore, so
 /// storage can refuse a stalled holder's late writes, as for a lock.
 ///
 /// Waiting costs no polling: callers queue in Redis, and a release hands its permit straight to
@@ -249,58 +246,6 @@ impl Permit {
         self.held.name()
     }
 
-    /// The fencing token of this grant: larger than that of every earlier grant of the
-    /// semaphore, whichever permit it was.
-    pub fn token(&self) -> FencingToken {
-        self.held.token()
-    }
-
-    /// The lease renewals re-arm: the one this permit was taken with, or the last
-    /// [`extend`](Permit::extend)'s.
-    pub fn lease(&self) -> Duration {
-        self.held.lease()
-    }
-
-    /// Whether the permit is still ours, as far as this process can know without asking Redis:
-    /// exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of a lock. False once
-    /// renewal found the permit gone, or the local deadline passed without a confirmed renewal.
-    pub fn is_held(&self) -> bool {
-        self.held.is_held()
-    }
-
-    /// A channel that becomes ready when the permit is lost, to block or `select!` on: one `()`,
-    /// then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost) does. Ready at once
-    /// if the permit was lost before the first call.
-    pub fn lost(&self) -> &Receiver<()> {
-        self.held.lost()
-    }
-
-    /// Makes the permit's lease run at least `lease` from now, if the permit is still ours;
-    /// renewal keeps re-arming this lease from then on. Exactly as
-    /// [`LockGuard::extend`](crate::LockGuard::extend) does for a lock: useful to lengthen a
-    /// lease before a step that may stall, and it never shortens a lease (a late, shorter
-    /// extend could otherwise let Redis free the permit while this one still says held).
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), fencelock::Error> {
-    /// use std::time::Duration;
-    ///
-    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
-    /// let permit = client.semaphore("uploads", 4)?.acquire()?;
-    /// permit.extend(Duration::from_secs(120))?; // a long upload ahead
-    /// assert_eq!(permit.lease(), Duration::from_secs(120));
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease out of range,
-    /// before any network call; [`Error::LockLost`](crate::Error::LockLost) if the permit is no
-    /// longer ours; [`Error::NotReplicated`](crate::Error::NotReplicated) as for a lock's
-    /// extend; connection errors and timeouts as for any command.
-    pub fn extend(&self, lease: Duration) -> Result<()> {
-        self.held.extend(lease)
-    }
-
     /// Releases the permit now, handing it to the longest waiter if any, and waits for Redis to
     /// confirm it.
     ///
@@ -312,6 +257,13 @@ impl Permit {
         self.held.unlock()
     }
 }
+
+held_guard!(
+    Permit,
+    "permit",
+    "grant of the semaphore, whichever permit it was",
+    "client.semaphore(\"uploads\", 4)?.acquire()?"
+);
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -188,12 +188,7 @@ impl SharedLockKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn slot_tag(key: &str) -> &str {
-        let open = key.find('{').map(|i| i + 1).unwrap_or(0);
-        let close = key[open..].find('}').map(|i| open + i).unwrap_or(key.len());
-        &key[open..close]
-    }
+    use crate::key::tests::slot_tag;
 
     #[test]
     fn every_key_of_a_shared_lock_shares_one_hash_tag_and_none_is_another_kinds() {

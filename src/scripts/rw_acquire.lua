@@ -29,14 +29,9 @@ local owner, lease, mode, idle, access = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARG
 local mine = access == 'w' and writers or readers
 local prefix = string.sub(hold, 1, #hold - #owner)
 
-if redis.call('GET', hold) == owner then
-  local token = redis.call('ZSCORE', mine, owner)
-  if token then
-    rearm(hold, lease)
-    return {1, string.format('%.0f', tonumber(token))}
-  end
-  -- Not among the holders (taken out by hand): it would not count, so it is not a grant.
-  redis.call('DEL', hold)
+local already = held_already(hold, mine, owner, lease)
+if already then
+  return {1, already}
 end
 
 local blocked, wait = false, -1

@@ -11,6 +11,24 @@
 -- gone (its lease ran out: the holder crashed, stalled, or lost it) counts no more, and is taken
 -- out when a script looks.
 
+-- The token of `owner`'s grant if it holds one already (a retry after a lost reply, or a grant a
+-- release handed it): its key holds `owner` and it is a member of `holders`. Its lease is
+-- re-armed then, never shortened. A key that is ours but not a member (taken out by hand) would
+-- count for nothing, so it is no grant: it is deleted. Returns the token as a decimal string, or
+-- nil.
+local function held_already(key, holders, owner, lease)
+  if redis.call('GET', key) ~= owner then
+    return nil
+  end
+  local token = redis.call('ZSCORE', holders, owner)
+  if not token then
+    redis.call('DEL', key)
+    return nil
+  end
+  rearm(key, lease)
+  return string.format('%.0f', tonumber(token))
+end
+
 -- Counts the live holders, taking out the dead; returns the count and the soonest end of a live
 -- holder's lease in ms from now (-1: none is live, or none has an expiry).
 local function live_holders(holders, prefix)
