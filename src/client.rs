@@ -16,8 +16,8 @@ use crate::multi::{self, MultiGuard};
 use crate::net::connector::Connector;
 use crate::options::{Deadline, LockOptions};
 use crate::reentrant::{self, ReentrantGuard};
-use crate::rwlock::{ReadGuard, WriteGuard};
-use crate::scripts::rw::Access;
+use crate::rwlock::{self, ReadGuard, RwLockStatus, WriteGuard};
+use crate::scripts::shared_lock::Access;
 use crate::semaphore::Semaphore;
 use crate::shared::Shared;
 use crate::status::LockStatus;
@@ -746,6 +746,30 @@ impl LockClient {
     /// As for [`try_read_lock`](LockClient::try_read_lock).
     pub fn try_write_lock(&self, key: &str, timeout: Duration) -> Result<Option<WriteGuard>> {
         WriteGuard::try_take(&self.shared, key, Access::Write, timeout)
+    }
+
+    /// How the read-write lock `key` stands in Redis: how many hold it to read, whether one
+    /// holds it to write, and how many clients wait, read in one atomic step without taking
+    /// anything. The read-write lock's counterpart of [`status`](LockClient::status) and
+    /// [`Semaphore::status`](crate::Semaphore::status).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let status = client.rwlock_status("config")?;
+    /// if status.writer {
+    ///     println!("a writer holds the config; {} client(s) wait", status.waiters);
+    /// } else {
+    ///     println!("{} reader(s) hold the config", status.readers);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`read_lock`](LockClient::read_lock) before it waits: an invalid key, a quorum
+    /// client; connection errors and timeouts as for any command.
+    pub fn rwlock_status(&self, key: &str) -> Result<RwLockStatus> {
+        rwlock::status(&self.shared, key)
     }
 
     /// Tells clients apart (clones are one client): the address of the shared state, which

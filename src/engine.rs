@@ -9,8 +9,7 @@
 //! | wait | `one_master/wait.rs`: a waiter's states, and handoff by the release script (`one_master/listener.rs` hears other clients') | `quorum/wait.rs`: waiters woken by release messages |
 //! | hold, renew, extend | `one_master/renew.rs`: one thread, pipelined extends per node | `quorum/renew.rs`: one thread, extends on every master, a majority keeps it |
 //! | release | `one_master/release.rs`: hands the lock to the next waiter in the same script | `quorum/release.rs`: deletes on every master, publishes the release |
-//! | a semaphore's permits | `one_master/permits.rs`: the same queues, listener and renewal, with the permit scripts | refused: see [`NO_QUORUM_SEMAPHORES`] |
-//! | a read-write lock's grants | `one_master/rw.rs`: the same parts, with the read-write scripts | refused: see [`NO_QUORUM_RW_LOCKS`] |
+//! | a shared lock's grants (a semaphore's permits, a read-write lock's reads and writes) | `one_master/shared_lock.rs`: the same queues, listener and renewal, with the shared lock's scripts | refused: see [`NO_QUORUM_SEMAPHORES`], [`NO_QUORUM_RW_LOCKS`] |
 //!
 //! Single server, Sentinel and Cluster differ only in how bytes reach a master (`net/`): which
 //! node a key lives on, and how a failover is ridden. What the engines share is below them:
@@ -34,15 +33,14 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::config::Config;
 use crate::error::Result;
 use crate::grant::Grant;
-use crate::key::{LockKeys, PermitKeys, RwKeys};
+use crate::key::{Kind, LockKeys, SharedLockKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::net::watch::Heard;
 use crate::one_master::OneMaster;
 use crate::options::{Deadline, LockOptions};
 use crate::quorum::Quorum;
-use crate::scripts::permits::PermitStatus;
-use crate::scripts::rw::Access;
+use crate::scripts::shared_lock::{Access, Status as SharedStatus};
 use crate::scripts::{Proclamation, Who};
 use crate::status::LockStatus;
 
@@ -203,81 +201,53 @@ impl Engine {
         }
     }
 
-    /// Whether this engine has semaphores: one master counts a semaphore's permits; a quorum
-    /// refuses (see [`NO_QUORUM_SEMAPHORES`]).
-    pub(crate) fn semaphores(&self) -> Result<()> {
+    /// Whether this engine has shared locks of `keys`' kind: one master counts their holders;
+    /// a quorum refuses (see [`NO_QUORUM_SEMAPHORES`] and [`NO_QUORUM_RW_LOCKS`]).
+    pub(crate) fn shared_locks(&self, keys: &SharedLockKeys) -> Result<()> {
         match self {
             Engine::OneMaster(_) => Ok(()),
-            _ => Err(no_semaphores()),
+            _ => Err(no_shared_locks(keys)),
         }
     }
 
-    /// Waits for a permit of the semaphore `keys` until granted, `deadline`, or `cancel` is
-    /// ready (`Error::Cancelled`); the grant is held (renewal runs). `None` at the deadline.
-    pub(crate) fn acquire_permit(
+    /// Waits for a grant of the shared lock `keys`, as `access` says, until granted,
+    /// `deadline`, or `cancel` is ready (`Error::Cancelled`); the grant is held (renewal runs).
+    /// `None` at the deadline.
+    pub(crate) fn acquire_shared(
         &self,
-        keys: &PermitKeys,
+        keys: &SharedLockKeys,
+        access: Access,
         lease: Duration,
         deadline: Deadline,
         cancel: Option<&Receiver<()>>,
     ) -> Result<Option<Arc<Grant>>> {
         match self {
-            Engine::OneMaster(m) => m.acquire_permit(keys, lease, deadline, cancel),
-            _ => Err(no_semaphores()),
+            Engine::OneMaster(m) => m.acquire_shared(keys, access, lease, deadline, cancel),
+            _ => Err(no_shared_locks(keys)),
         }
     }
 
-    /// Releases a permit and waits for the reply (`Permit::release`).
-    pub(crate) fn release_permit(&self, keys: &PermitKeys, grant: &Arc<Grant>) -> Result<()> {
+    /// Releases a shared lock's grant and waits for the reply (`release`, `unlock`).
+    pub(crate) fn release_shared(&self, keys: &SharedLockKeys, grant: &Arc<Grant>) -> Result<()> {
         match self {
-            Engine::OneMaster(m) => m.release_permit(keys, grant),
-            _ => Err(no_semaphores()),
+            Engine::OneMaster(m) => m.release_shared(keys, grant),
+            _ => Err(no_shared_locks(keys)),
         }
     }
 
-    /// Releases a permit without waiting for a Redis that stopped answering (a permit's drop).
-    pub(crate) fn release_permit_detached(&self, keys: &PermitKeys, grant: &Arc<Grant>) {
+    /// Releases a shared lock's grant without waiting for a Redis that stopped answering (a
+    /// guard's drop).
+    pub(crate) fn release_shared_detached(&self, keys: &SharedLockKeys, grant: &Arc<Grant>) {
         if let Engine::OneMaster(m) = self {
-            m.release_permit_detached(keys, grant);
+            m.release_shared_detached(keys, grant);
         }
     }
 
-    /// How the semaphore `keys` stands.
-    pub(crate) fn permit_status(&self, keys: &PermitKeys) -> Result<PermitStatus> {
+    /// How the shared lock `keys` stands.
+    pub(crate) fn shared_status(&self, keys: &SharedLockKeys) -> Result<SharedStatus> {
         match self {
-            Engine::OneMaster(m) => m.permit_status(keys),
-            _ => Err(no_semaphores()),
-        }
-    }
-
-    /// Waits to hold the read-write lock `keys` as `access` says, until granted or `deadline`;
-    /// the grant is held (renewal runs). `None` at the deadline.
-    pub(crate) fn acquire_rw(
-        &self,
-        keys: &RwKeys,
-        access: Access,
-        lease: Duration,
-        deadline: Deadline,
-    ) -> Result<Option<Arc<Grant>>> {
-        match self {
-            Engine::OneMaster(m) => m.acquire_rw(keys, access, lease, deadline),
-            _ => Err(no_rw_locks()),
-        }
-    }
-
-    /// Releases a read-write lock's grant and waits for the reply (`unlock`).
-    pub(crate) fn release_rw(&self, keys: &RwKeys, grant: &Arc<Grant>) -> Result<()> {
-        match self {
-            Engine::OneMaster(m) => m.release_rw(keys, grant),
-            _ => Err(no_rw_locks()),
-        }
-    }
-
-    /// Releases a read-write lock's grant without waiting for a Redis that stopped answering
-    /// (a guard's drop).
-    pub(crate) fn release_rw_detached(&self, keys: &RwKeys, grant: &Arc<Grant>) {
-        if let Engine::OneMaster(m) = self {
-            m.release_rw_detached(keys, grant);
+            Engine::OneMaster(m) => m.shared_status(keys),
+            _ => Err(no_shared_locks(keys)),
         }
     }
 
@@ -298,18 +268,17 @@ pub(crate) const NO_QUORUM_SEMAPHORES: &str = "semaphores need one master to cou
      permits (a single server, Sentinel or Cluster): on a quorum of masters, permits granted on \
      a majority of masters that each admit N add up to nearly 2N";
 
-/// The error of every semaphore call on an engine without them.
-fn no_semaphores() -> crate::error::Error {
-    crate::error::Error::invalid("topology", NO_QUORUM_SEMAPHORES)
-}
-
 /// Why a quorum client has no read-write locks.
 pub(crate) const NO_QUORUM_RW_LOCKS: &str = "read-write locks need one master (a single \
      server, Sentinel or Cluster): on a quorum of masters, shared grants would need a majority \
      protocol of their own (a read token confirmed on a majority, a writer's release admitting \
      readers on every master), which this crate does not have";
 
-/// The error of every read-write lock call on an engine without them.
-fn no_rw_locks() -> crate::error::Error {
-    crate::error::Error::invalid("topology", NO_QUORUM_RW_LOCKS)
+/// The error of every call on a shared lock of `keys`' kind on an engine without them.
+fn no_shared_locks(keys: &SharedLockKeys) -> crate::error::Error {
+    let why = match keys.kind() {
+        Kind::Semaphore(_) => NO_QUORUM_SEMAPHORES,
+        Kind::ReadWrite => NO_QUORUM_RW_LOCKS,
+    };
+    crate::error::Error::invalid("topology", why)
 }

@@ -6,11 +6,19 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-mod permit;
-mod rw;
+mod shared_lock;
 
-pub(crate) use permit::PermitKeys;
-pub(crate) use rw::RwKeys;
+pub(crate) use shared_lock::{Kind, SharedLockKeys};
+
+/// What one grant is: a plain lock's (an election's and a set's keys included), or a shared
+/// lock's permit, read or write. Carried with a grant's names for the metrics' `grant` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrantKind {
+    Lock,
+    Permit,
+    Read,
+    Write,
+}
 
 /// Longest user key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -18,8 +26,11 @@ pub const MAX_KEY_LEN: usize = 512;
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
 
-/// What the tag of an election starts with. The escaping of user keys never writes a `%` but
-/// before `25`, `7B` or `7D`, so no lock's tag starts like this.
+/// What the tag of an election starts with. Every kind of lock but the plain lock tags its keys
+/// `%<kind>:<escaped name>` (elections here, semaphores and read-write locks in
+/// `key/shared_lock.rs`); a plain lock's tag is its escaped key alone. The escaping of user keys
+/// never writes a `%` but before `25`, `7B` or `7D`, so no lock's tag starts like any of these,
+/// and no two kinds' prefixes start alike.
 pub(crate) const ELECTION_TAG: &str = "%election:";
 
 /// The idle expiry of a client whose builder did not set one: how long a fence counter outlives
@@ -50,6 +61,8 @@ pub(crate) struct LockKeys {
     /// [`set_idle_expiry`](LockKeys::set_idle_expiry)): the scripts that grant arm the fence
     /// counter's TTL with it. Carried here because every such call already takes the keys.
     idle_ms: u64,
+    /// What the grant these names are for is (the metrics' label).
+    kind: GrantKind,
 }
 
 impl LockKeys {
@@ -92,12 +105,14 @@ impl LockKeys {
             names,
             ends,
             idle_ms: millis(DEFAULT_IDLE_EXPIRY),
+            kind: GrantKind::Lock,
         })
     }
 
-    /// Names made elsewhere (a semaphore's permit, `key/permit.rs`): `keys` are what
+    /// Names made elsewhere (a shared lock's grant, `key/shared_lock.rs`): `keys` are what
     /// [`all`](LockKeys::all) returns, the first of them what [`lock`](LockKeys::lock) returns.
     pub(crate) fn assembled(
+        kind: GrantKind,
         user: &str,
         tag: &str,
         keys: [&str; 4],
@@ -119,7 +134,13 @@ impl LockKeys {
             names,
             ends,
             idle_ms,
+            kind,
         }
+    }
+
+    /// What the grant these names are for is.
+    pub(crate) fn kind(&self) -> GrantKind {
+        self.kind
     }
 
     /// Names the owner of this lock call: `<prefix><n>`.
@@ -160,7 +181,7 @@ impl LockKeys {
 
     /// The client's namespace, as the Redis keys start with it.
     pub(crate) fn namespace(&self) -> &str {
-        // The lock key is `<namespace>:<kind>:{<tag>}...` (a semaphore's permit key has more
+        // The lock key is `<namespace>:<kind>:{<tag>}...` (a shared lock's grant key has more
         // after the tag). The namespace may hold `:` but never `{`, so the first `{` opens the
         // tag, and the namespace ends at the `:` before the kind.
         let lock = self.lock();
@@ -222,7 +243,7 @@ impl Owners {
         keys.set_owner(&self.prefix, n);
     }
 
-    /// A fresh owner id, as [`next`](Owners::next) gives one (a semaphore's permit is named by
+    /// A fresh owner id, as [`next`](Owners::next) gives one (a shared lock's grant is named by
     /// it).
     pub(crate) fn next_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -298,7 +319,7 @@ pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn slot_tag(key: &str) -> &str {
+    pub(super) fn slot_tag(key: &str) -> &str {
         // Redis Cluster: the tag is what lies between the first '{' and the first '}' after it.
         let open = key.find('{').map(|i| i + 1).unwrap_or(0);
         let close = key[open..].find('}').map(|i| open + i).unwrap_or(key.len());

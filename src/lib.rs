@@ -230,9 +230,10 @@
 //! # Counting semaphores
 //!
 //! [`LockClient::semaphore`] makes a [`Semaphore`]: at most so many [`Permit`]s of it are held
-//! at once, across every client. A permit is held as a lock is (renewed, reported lost, given
-//! back by Redis when its lease runs out), carries its own [`FencingToken`], and is handed
-//! straight to the next waiter by a release, first come, first served across clients.
+//! at once, across every client. A permit is held as a lock is (renewed, extended with
+//! [`Permit::extend`], reported lost, given back by Redis when its lease runs out), carries its
+//! own [`FencingToken`], and is handed straight to the next waiter by a release, first come,
+//! first served across clients.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {
@@ -252,8 +253,10 @@
 //! lock, so a reader that comes after a waiting writer waits behind it and readers never starve
 //! a writer; a writer's release admits every reader waiting at the head of the queue at once.
 //! Every grant carries a [`FencingToken`] from one counter per lock, so a write's token is above
-//! that of every earlier read and write. A read-write lock and a plain lock of the same name are
-//! two independent locks. One master only (a single server, Sentinel or Cluster).
+//! that of every earlier read and write. The guards are renewed and extended as a [`LockGuard`]
+//! is, and [`LockClient::rwlock_status`] reads how the lock stands ([`RwLockStatus`]). A
+//! read-write lock and a plain lock of the same name are two independent locks. One master only
+//! (a single server, Sentinel or Cluster).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), fencelock::Error> {
@@ -359,17 +362,19 @@
 //!
 //! | metric | type | labels | what |
 //! |---|---|---|---|
-//! | `fencelock_grants_total` | counter | `how` | grants: own attempt, or handoff |
-//! | `fencelock_wait_seconds` | histogram | | from a lock call to its grant |
-//! | `fencelock_lock_timeouts_total` | counter | | `try_lock` calls that returned `None` |
-//! | `fencelock_hold_seconds` | histogram | | from a grant to its release |
-//! | `fencelock_handoffs_total` | counter | `to` | releases that handed the lock over |
+//! | `fencelock_grants_total` | counter | `grant`, `how` | grants: own attempt, or handoff |
+//! | `fencelock_wait_seconds` | histogram | `grant` | from a lock call to its grant |
+//! | `fencelock_lock_timeouts_total` | counter | `grant` | `try_*` calls that returned `None` |
+//! | `fencelock_hold_seconds` | histogram | `grant` | from a grant to its release |
+//! | `fencelock_handoffs_total` | counter | `grant`, `to` | grants a release handed over |
 //! | `fencelock_renewals_total` | counter | | leases renewed |
 //! | `fencelock_renewal_round_trip_seconds` | histogram | | one renewal pipeline |
-//! | `fencelock_losses_total` | counter | | locks lost while held |
+//! | `fencelock_losses_total` | counter | `grant` | grants lost while held |
 //! | `fencelock_errors_total` | counter | `op`, `kind` | errors: `kind="connection"`, ... |
 //!
-//! Every series carries the client's `namespace` as a label; lock keys never become labels.
+//! Every series carries the client's `namespace` as a label, and those of one grant its `grant`:
+//! `lock`, `permit` (a semaphore's), `read` or `write` (a read-write lock's). Lock keys never
+//! become labels.
 //! Without the feature nothing is recorded and nothing is paid.
 //! [metrics.md] says exactly what each one counts, and what recording costs.
 //!
@@ -435,6 +440,7 @@
 mod client;
 mod election;
 mod guard;
+mod held;
 mod multi;
 mod reentrant;
 mod rwlock;
@@ -473,7 +479,7 @@ pub use crate::key::{MAX_KEY_LEN, MAX_NAMESPACE_LEN};
 pub use crate::multi::MultiGuard;
 pub use crate::options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use crate::reentrant::ReentrantGuard;
-pub use crate::rwlock::{ReadGuard, WriteGuard};
+pub use crate::rwlock::{ReadGuard, RwLockStatus, WriteGuard};
 pub use crate::semaphore::{Permit, Semaphore, SemaphoreStatus};
 pub use crate::status::LockStatus;
 pub use crate::token::FencingToken;

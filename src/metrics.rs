@@ -7,7 +7,9 @@
 //!
 //! Every metric carries the client's namespace as its `namespace` label: a program with clients
 //! for different purposes tells them apart, and the set of values is as small as the set of
-//! clients. Lock keys never become labels: they are unbounded.
+//! clients. The metrics of one grant also carry its `grant` label: `lock`, `permit` (a
+//! semaphore's), `read` or `write` (a read-write lock's). Lock keys never become labels: they
+//! are unbounded.
 
 /// How a lock came to its holder: the `how` label of `fencelock_grants_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +51,7 @@ mod on {
 
     use super::{How, Op};
     use crate::error::{kind_of_redis, Error, Result};
-    use crate::key::LockKeys;
+    use crate::key::{GrantKind, LockKeys};
     use crate::scripts::Released;
 
     const GRANTS: &str = "fencelock_grants_total";
@@ -115,29 +117,58 @@ mod on {
         describe_counter!(ERRORS, Unit::Count, "Errors, by operation and kind");
     }
 
+    fn label(kind: GrantKind) -> &'static str {
+        match kind {
+            GrantKind::Lock => "lock",
+            GrantKind::Permit => "permit",
+            GrantKind::Read => "read",
+            GrantKind::Write => "write",
+        }
+    }
+
     /// A lock call that started at `since` ended: with the lock, without it at its timeout, or
     /// with an error.
     pub(crate) fn acquired<T>(namespace: &str, since: Since, result: &Result<Option<T>>) {
+        acquired_as(namespace, GrantKind::Lock, since, result);
+    }
+
+    /// [`acquired`] for a call that asks for a grant of `kind`.
+    pub(crate) fn acquired_as<T>(
+        namespace: &str,
+        kind: GrantKind,
+        since: Since,
+        result: &Result<Option<T>>,
+    ) {
+        let (namespace, grant) = (namespace.to_owned(), label(kind));
         match result {
-            Ok(Some(_)) => histogram!(WAIT, "namespace" => namespace.to_owned())
+            Ok(Some(_)) => histogram!(WAIT, "namespace" => namespace, "grant" => grant)
                 .record(since.0.elapsed().as_secs_f64()),
-            Ok(None) => counter!(TIMEOUTS, "namespace" => namespace.to_owned()).increment(1),
-            Err(e) => failed(namespace, Op::Lock, e),
+            Ok(None) => {
+                counter!(TIMEOUTS, "namespace" => namespace, "grant" => grant).increment(1);
+            }
+            Err(e) => failed(&namespace, Op::Lock, e),
         }
     }
 
     pub(crate) fn granted(namespace: &str, how: How) {
+        granted_as(namespace, GrantKind::Lock, how);
+    }
+
+    /// [`granted`] for a grant of `kind`.
+    pub(crate) fn granted_as(namespace: &str, kind: GrantKind, how: How) {
         let how = match how {
             How::Attempt => "attempt",
             How::LocalHandoff => "local_handoff",
             How::RemoteHandoff => "remote_handoff",
         };
-        counter!(GRANTS, "namespace" => namespace.to_owned(), "how" => how).increment(1);
+        let (namespace, grant) = (namespace.to_owned(), label(kind));
+        counter!(GRANTS, "namespace" => namespace, "how" => how, "grant" => grant).increment(1);
     }
 
     /// A grant made at `since` ends: its holder releases it.
     pub(crate) fn held(keys: &LockKeys, since: Since) {
-        histogram!(HOLD, "namespace" => keys.namespace().to_owned())
+        let (namespace, grant) = (keys.namespace().to_owned(), label(keys.kind()));
+        histogram!(HOLD, "namespace" => namespace, "grant" => grant)
             .record(since.0.elapsed().as_secs_f64());
     }
 
@@ -145,9 +176,16 @@ mod on {
     /// waiter of this client.
     pub(crate) fn released(keys: &LockKeys, released: &Released, local: impl FnOnce(&str) -> bool) {
         if let Released::HandedOver { owner, .. } = released {
-            let to = if local(owner) { "local" } else { "remote" };
-            counter!(HANDOFFS, "namespace" => keys.namespace().to_owned(), "to" => to).increment(1);
+            handed_over(keys.namespace(), keys.kind(), local(owner));
         }
+    }
+
+    /// A release handed a grant of `kind` straight to a waiter: of this client (`local`), or
+    /// of another.
+    pub(crate) fn handed_over(namespace: &str, kind: GrantKind, local: bool) {
+        let to = if local { "local" } else { "remote" };
+        let (namespace, grant) = (namespace.to_owned(), label(kind));
+        counter!(HANDOFFS, "namespace" => namespace, "to" => to, "grant" => grant).increment(1);
     }
 
     /// One renewal pipeline came back after `round_trip`, with `renewed` leases confirmed ours.
@@ -159,7 +197,8 @@ mod on {
     }
 
     pub(crate) fn lost(keys: &LockKeys) {
-        counter!(LOSSES, "namespace" => keys.namespace().to_owned()).increment(1);
+        let (namespace, grant) = (keys.namespace().to_owned(), label(keys.kind()));
+        counter!(LOSSES, "namespace" => namespace, "grant" => grant).increment(1);
     }
 
     /// Counts `result` if it is an error; see [`failed`].
@@ -198,7 +237,7 @@ mod off {
 
     use super::{How, Op};
     use crate::error::{Error, Result};
-    use crate::key::LockKeys;
+    use crate::key::{GrantKind, LockKeys};
     use crate::scripts::Released;
 
     #[derive(Debug, Clone, Copy)]
@@ -218,7 +257,16 @@ mod off {
     pub(crate) fn acquired<T>(_: &str, _: Since, _: &Result<Option<T>>) {}
 
     #[inline(always)]
+    pub(crate) fn acquired_as<T>(_: &str, _: GrantKind, _: Since, _: &Result<Option<T>>) {}
+
+    #[inline(always)]
     pub(crate) fn granted(_: &str, _: How) {}
+
+    #[inline(always)]
+    pub(crate) fn granted_as(_: &str, _: GrantKind, _: How) {}
+
+    #[inline(always)]
+    pub(crate) fn handed_over(_: &str, _: GrantKind, _: bool) {}
 
     #[inline(always)]
     pub(crate) fn held(_: &LockKeys, _: Since) {}

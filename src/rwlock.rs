@@ -1,31 +1,19 @@
 //! A fenced read-write lock: [`ReadGuard`] and [`WriteGuard`], made by
 //! [`LockClient::read_lock`](crate::LockClient::read_lock) and
-//! [`LockClient::write_lock`](crate::LockClient::write_lock). A thin type over what a lock
-//! already has (queues, handoff, renewal, grants, tokens), through the engine seam (`engine.rs`;
-//! on one master, `one_master/rw.rs`).
+//! [`LockClient::write_lock`](crate::LockClient::write_lock), and [`RwLockStatus`]: front ends
+//! of the shared lock (`held.rs`, `key/shared_lock.rs`; on one master,
+//! `one_master/shared_lock.rs`) whose grants weigh one beside other reads, or everything.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
-
-use crossbeam_channel::Receiver;
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::Result;
-use crate::grant::Grant;
-use crate::key::RwKeys;
+use crate::held::{deadline, held_guard, Held};
+use crate::key::SharedLockKeys;
 use crate::options::Deadline;
-use crate::scripts::rw::Access;
+use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
-use crate::token::FencingToken;
-
-/// One grant of a read-write lock, read or write, as both guards hold it.
-struct Held {
-    shared: Arc<Shared>,
-    keys: RwKeys,
-    grant: Arc<Grant>,
-    lost: OnceLock<Receiver<()>>,
-    released: bool,
-}
 
 /// Takes the read-write lock `name` as `access` says, waiting until `deadline`.
 fn take(
@@ -34,73 +22,51 @@ fn take(
     access: Access,
     deadline: Deadline,
 ) -> Result<Option<Held>> {
-    let mut keys = RwKeys::new(&shared.config.namespace, name)?;
+    let keys = Arc::new(keys(shared, name)?);
+    Held::take(shared, &keys, access, shared.config.lease, deadline, None)
+}
+
+/// The checked names of the read-write lock `name`, and the client's engine checked for them.
+fn keys(shared: &Shared, name: &str) -> Result<SharedLockKeys> {
+    let mut keys = SharedLockKeys::rwlock(&shared.config.namespace, name)?;
     keys.set_idle_expiry(shared.config.idle_expiry);
-    let lease = shared.config.lease;
-    loop {
-        let grant = shared.engine.acquire_rw(&keys, access, lease, deadline)?;
-        match (grant, deadline) {
-            (Some(grant), _) => {
-                return Ok(Some(Held {
-                    shared: Arc::clone(shared),
-                    keys,
-                    grant,
-                    lost: OnceLock::new(),
-                    released: false,
-                }))
-            }
-            (None, Deadline::Never) => continue,
-            (None, _) => return Ok(None),
-        }
-    }
+    shared.engine.shared_locks(&keys)?;
+    Ok(keys)
 }
 
-/// The deadline of a wait of `timeout` from now: one attempt for zero, none for a timeout too
-/// long to count.
-fn deadline(timeout: Duration) -> Deadline {
-    match Instant::now().checked_add(timeout) {
-        _ if timeout.is_zero() => Deadline::Now,
-        Some(at) => Deadline::At(at),
-        None => Deadline::Never,
-    }
+/// See [`LockClient::rwlock_status`](crate::LockClient::rwlock_status).
+pub(crate) fn status(shared: &Shared, name: &str) -> Result<RwLockStatus> {
+    let keys = keys(shared, name)?;
+    let status = shared.engine.shared_status(&keys)?;
+    Ok(RwLockStatus {
+        readers: status.held,
+        writer: status.writers > 0,
+        waiters: status.waiters,
+    })
 }
 
-impl Held {
-    fn token(&self) -> FencingToken {
-        self.grant.token
-    }
-
-    fn is_held(&self) -> bool {
-        self.grant.is_held()
-    }
-
-    fn lost(&self) -> &Receiver<()> {
-        self.lost.get_or_init(|| self.grant.watch())
-    }
-
-    fn unlock(mut self) -> Result<()> {
-        self.released = true;
-        self.shared.engine.release_rw(&self.keys, &self.grant)
-    }
-
-    fn debug(&self, f: &mut fmt::Formatter<'_>, what: &str) -> fmt::Result {
-        f.debug_struct(what)
-            .field("key", &self.keys.name())
-            .field("token", &self.grant.token)
-            .field("held", &self.is_held())
-            .finish_non_exhaustive()
-    }
+/// How a read-write lock stood in Redis when
+/// [`LockClient::rwlock_status`](crate::LockClient::rwlock_status) read it, in one atomic step:
+/// for operators and monitoring, not for deciding whether to take it
+/// ([`try_read_lock`](crate::LockClient::try_read_lock) with `Duration::ZERO` asks and takes in
+/// one step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RwLockStatus {
+    /// Read grants held: granted, not released, and with their lease not run out in Redis.
+    pub readers: u64,
+    /// Whether a write grant is held (then `readers` is 0).
+    pub writer: bool,
+    /// Clients waiting in the lock's queue in Redis, to read or to write, as
+    /// [`LockStatus::waiters`](crate::LockStatus::waiters) counts them: one per waiting client
+    /// (its other threads wait behind it, in its own process).
+    pub waiters: u64,
 }
 
-/// Releases the grant, best effort, as a [`LockGuard`](crate::LockGuard)'s drop does.
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        self.shared
-            .engine
-            .release_rw_detached(&self.keys, &self.grant);
+impl RwLockStatus {
+    /// Whether anyone holds the lock, to read or to write.
+    pub fn held(&self) -> bool {
+        self.writer || self.readers > 0
     }
 }
 
@@ -172,30 +138,7 @@ macro_rules! guard_methods {
 
             /// The lock's name, as given to the call that took it.
             pub fn key(&self) -> &str {
-                self.held.keys.name()
-            }
-
-            /// The fencing token of this grant, from one counter per lock for reads and writes
-            /// alike: larger than that of every earlier grant of the lock. So a write's token is
-            /// above that of every read and write granted before it, and storage that refuses
-            /// a token below the largest it has seen refuses a stalled holder's late writes.
-            pub fn token(&self) -> FencingToken {
-                self.held.token()
-            }
-
-            /// Whether the lock is still ours, as far as this process can know without asking
-            /// Redis: exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of a
-            /// lock. False once renewal found the grant gone, or the local deadline passed
-            /// without a confirmed renewal.
-            pub fn is_held(&self) -> bool {
-                self.held.is_held()
-            }
-
-            /// A channel that becomes ready when the grant is lost, to block or `select!` on:
-            /// one `()`, then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost)
-            /// does. Ready at once if the grant was lost before the first call.
-            pub fn lost(&self) -> &Receiver<()> {
-                self.held.lost()
+                self.held.name()
             }
 
             #[doc = concat!("Releases the ", $what, " lock now and waits for Redis to confirm it; the")]
@@ -212,7 +155,7 @@ macro_rules! guard_methods {
 
         impl fmt::Debug for $guard {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                self.held.debug(f, stringify!($guard))
+                self.held.debug(f, stringify!($guard), "key")
             }
         }
     };
@@ -220,6 +163,19 @@ macro_rules! guard_methods {
 
 guard_methods!(ReadGuard, "read");
 guard_methods!(WriteGuard, "write");
+held_guard!(
+    ReadGuard,
+    "read grant",
+    "grant of the lock, read or write (one counter per lock)",
+    "client.read_lock(\"config\")?"
+);
+held_guard!(
+    WriteGuard,
+    "write grant",
+    "grant of the lock, read or write (one counter per lock): a write's token is above that of \
+     every read and write granted before it",
+    "client.write_lock(\"config\")?"
+);
 
 #[cfg(test)]
 mod tests {

@@ -1,19 +1,17 @@
-//! A fenced counting semaphore: [`Semaphore`], [`Permit`] and [`SemaphoreStatus`], a thin type
-//! over what a lock already has (queues, handoff, renewal, grants, tokens), through the engine
-//! seam (`engine.rs`; on one master, `one_master/permits.rs`).
+//! A fenced counting semaphore: [`Semaphore`], [`Permit`] and [`SemaphoreStatus`], a front end
+//! of the shared lock (`held.rs`, `key/shared_lock.rs`; on one master,
+//! `one_master/shared_lock.rs`) whose grants each weigh one of the semaphore's permits.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
-
-use crossbeam_channel::Receiver;
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::grant::Grant;
-use crate::key::PermitKeys;
+use crate::held::{deadline, held_guard, Held};
+use crate::key::SharedLockKeys;
 use crate::options::{Deadline, LockOptions};
+use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
-use crate::token::FencingToken;
 
 /// A counting semaphore in Redis: at most `permits` [`Permit`]s of it are held at once, across
 /// every client and process. Made by [`LockClient::semaphore`](crate::LockClient::semaphore).
@@ -21,7 +19,7 @@ use crate::token::FencingToken;
 /// A permit is held like a lock: under a lease that the client's renewal thread keeps alive,
 /// reported lost ([`Permit::is_held`], [`Permit::lost`]) if it runs out anyway, and given back by
 /// Redis when it runs out, so a crashed holder's permit comes back within its lease. Each grant
-/// carries a [`FencingToken`] larger than that of every earlier grant of the semaphore, so
+/// carries a [`FencingToken`](crate::FencingToken) larger than that of every earlier grant of the semaphore, so
 /// storage can refuse a stalled holder's late writes, as for a lock.
 ///
 /// Waiting costs no polling: callers queue in Redis, and a release hands its permit straight to
@@ -50,15 +48,15 @@ use crate::token::FencingToken;
 #[derive(Clone)]
 pub struct Semaphore {
     shared: Arc<Shared>,
-    keys: Arc<PermitKeys>,
+    keys: Arc<SharedLockKeys>,
 }
 
 impl Semaphore {
     /// Checks the name and the count, and the client's engine; no network call.
     pub(crate) fn new(shared: Arc<Shared>, name: &str, permits: u32) -> Result<Semaphore> {
-        let mut keys = PermitKeys::new(&shared.config.namespace, name, permits)?;
+        let mut keys = SharedLockKeys::semaphore(&shared.config.namespace, name, permits)?;
         keys.set_idle_expiry(shared.config.idle_expiry);
-        shared.engine.semaphores()?;
+        shared.engine.shared_locks(&keys)?;
         Ok(Semaphore {
             shared,
             keys: Arc::new(keys),
@@ -152,11 +150,7 @@ impl Semaphore {
         timeout: Duration,
         options: &LockOptions,
     ) -> Result<Option<Permit>> {
-        match Instant::now().checked_add(timeout) {
-            _ if timeout.is_zero() => self.take(Deadline::Now, options),
-            Some(deadline) => self.take(Deadline::At(deadline), options),
-            None => self.acquire_with(options).map(Some),
-        }
+        self.take(deadline(timeout), options)
     }
 
     /// How the semaphore stands in Redis: permits held and clients waiting, read in one atomic
@@ -177,7 +171,7 @@ impl Semaphore {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the semaphore is in use with
     /// another count; connection errors and timeouts as for any command.
     pub fn status(&self) -> Result<SemaphoreStatus> {
-        let status = self.shared.engine.permit_status(&self.keys)?;
+        let status = self.shared.engine.shared_status(&self.keys)?;
         Ok(SemaphoreStatus {
             permits: self.keys.count(),
             held: status.held,
@@ -197,17 +191,16 @@ impl Semaphore {
             return Err(Error::Cancelled);
         }
         let lease = options.lease.unwrap_or(self.shared.config.lease);
-        Ok(self
-            .shared
-            .engine
-            .acquire_permit(&self.keys, lease, deadline, options.cancel.as_ref())?
-            .map(|grant| Permit {
-                shared: Arc::clone(&self.shared),
-                keys: Arc::clone(&self.keys),
-                grant,
-                lost: OnceLock::new(),
-                released: false,
-            }))
+        let cancel = options.cancel.as_ref();
+        let held = Held::take(
+            &self.shared,
+            &self.keys,
+            Access::Permit,
+            lease,
+            deadline,
+            cancel,
+        )?;
+        Ok(held.map(|held| Permit { held }))
     }
 }
 
@@ -244,37 +237,13 @@ impl fmt::Debug for Semaphore {
 #[must_use = "if unused the permit is released at once"]
 #[clippy::has_significant_drop]
 pub struct Permit {
-    shared: Arc<Shared>,
-    keys: Arc<PermitKeys>,
-    grant: Arc<Grant>,
-    lost: OnceLock<Receiver<()>>,
-    released: bool,
+    held: Held,
 }
 
 impl Permit {
     /// The name of the semaphore this permit is of.
     pub fn name(&self) -> &str {
-        self.keys.name()
-    }
-
-    /// The fencing token of this grant: larger than that of every earlier grant of the
-    /// semaphore, whichever permit it was.
-    pub fn token(&self) -> FencingToken {
-        self.grant.token
-    }
-
-    /// Whether the permit is still ours, as far as this process can know without asking Redis:
-    /// exactly as [`LockGuard::is_held`](crate::LockGuard::is_held) says of a lock. False once
-    /// renewal found the permit gone, or the local deadline passed without a confirmed renewal.
-    pub fn is_held(&self) -> bool {
-        self.grant.is_held()
-    }
-
-    /// A channel that becomes ready when the permit is lost, to block or `select!` on: one `()`,
-    /// then it disconnects, as [`LockGuard::lost`](crate::LockGuard::lost) does. Ready at once
-    /// if the permit was lost before the first call.
-    pub fn lost(&self) -> &Receiver<()> {
-        self.lost.get_or_init(|| self.grant.watch())
+        self.held.name()
     }
 
     /// Releases the permit now, handing it to the longest waiter if any, and waits for Redis to
@@ -284,34 +253,21 @@ impl Permit {
     /// [`Error::LockLost`](crate::Error::LockLost) (with the semaphore's name) if the permit was
     /// no longer ours: its lease ran out. Connection errors and timeouts as for any command;
     /// the permit then runs out with its lease, as renewal has stopped.
-    pub fn release(mut self) -> Result<()> {
-        self.released = true;
-        self.shared.engine.release_permit(&self.keys, &self.grant)
+    pub fn release(self) -> Result<()> {
+        self.held.unlock()
     }
 }
 
-/// Releases the permit, best effort, in one round trip: failures are logged and the permit then
-/// runs out with its lease. A permit already known lost, or whose Redis the client last failed
-/// to reach, is not waited for: renewal stops, and the release is left to a background thread,
-/// as for a [`LockGuard`](crate::LockGuard).
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        self.shared
-            .engine
-            .release_permit_detached(&self.keys, &self.grant);
-    }
-}
+held_guard!(
+    Permit,
+    "permit",
+    "grant of the semaphore, whichever permit it was",
+    "client.semaphore(\"uploads\", 4)?.acquire()?"
+);
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("name", &self.keys.name())
-            .field("token", &self.grant.token)
-            .field("held", &self.is_held())
-            .finish_non_exhaustive()
+        self.held.debug(f, "Permit", "name")
     }
 }
 

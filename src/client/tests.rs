@@ -560,6 +560,8 @@ mod metrics {
     }
 
     const NS: (&str, &str) = ("namespace", "counted");
+    /// The `grant` label of a plain lock's series.
+    const LOCK: (&str, &str) = ("grant", "lock");
 
     fn client() -> (LockClient, std::sync::Arc<crate::engine::fake::Fake>) {
         fake_in("counted")
@@ -579,10 +581,13 @@ mod metrics {
             drop(client.reentrant_lock("d").unwrap());
             drop(outer);
         });
-        assert_eq!(recorded.samples("fencelock_wait_seconds", &[NS]), 4);
-        assert_eq!(recorded.samples("fencelock_hold_seconds", &[NS]), 4);
-        assert_eq!(recorded.counter("fencelock_lock_timeouts_total", &[NS]), 0);
-        assert_eq!(recorded.counter("fencelock_losses_total", &[NS]), 0);
+        assert_eq!(recorded.samples("fencelock_wait_seconds", &[NS, LOCK]), 4);
+        assert_eq!(recorded.samples("fencelock_hold_seconds", &[NS, LOCK]), 4);
+        assert_eq!(
+            recorded.counter("fencelock_lock_timeouts_total", &[NS, LOCK]),
+            0
+        );
+        assert_eq!(recorded.counter("fencelock_losses_total", &[NS, LOCK]), 0);
     }
 
     #[test]
@@ -593,8 +598,11 @@ mod metrics {
             assert!(client.try_lock("k", Duration::ZERO).unwrap().is_none());
             assert!(client.try_lock("k", ms(10)).unwrap().is_none());
         });
-        assert_eq!(recorded.counter("fencelock_lock_timeouts_total", &[NS]), 2);
-        assert_eq!(recorded.samples("fencelock_wait_seconds", &[NS]), 0);
+        assert_eq!(
+            recorded.counter("fencelock_lock_timeouts_total", &[NS, LOCK]),
+            2
+        );
+        assert_eq!(recorded.samples("fencelock_wait_seconds", &[NS, LOCK]), 0);
     }
 
     #[test]
@@ -642,8 +650,8 @@ mod metrics {
             assert!(guard.extend(ms(2000)).unwrap_err().is_lock_lost());
             assert!(guard.unlock().unwrap_err().is_lock_lost());
         });
-        assert_eq!(recorded.counter("fencelock_losses_total", &[NS]), 1);
+        assert_eq!(recorded.counter("fencelock_losses_total", &[NS, LOCK]), 1);
         // The hold of a lost lock is recorded all the same.
-        assert_eq!(recorded.samples("fencelock_hold_seconds", &[NS]), 1);
+        assert_eq!(recorded.samples("fencelock_hold_seconds", &[NS, LOCK]), 1);
     }
 }

@@ -262,12 +262,7 @@ fn accept(
         // and WAIT counts only what its own connection wrote, so the extend re-arms the
         // lease on ours and WAITs behind it.
         let sent = Instant::now();
-        let confirmed = m.router.run(keys.lock(), |con, _| match acks {
-            Some(acks) => scripts::extend_acked(con, &keys, keys.owner(), lease, acks)
-                .map(|(ours, acked)| (ours, Some(acked))),
-            None => scripts::extend(con, &keys, keys.owner(), lease).map(|ours| (ours, None)),
-        });
-        match confirmed {
+        match m.confirm(&keys, lease) {
             // The confirmation's own reply may be as late: by our count the lease must not
             // have run out before we heard that it was set, or a rival may hold it now.
             Ok((true, acked)) if sent.elapsed() < lease => (sent, lease, acked),

@@ -9,8 +9,7 @@
 //! | `release.rs` | release, handoff to the next waiter, the background thread for releases no caller waits for |
 //! | `renew.rs` (+ `renew/schedule.rs`) | the renewal thread, and explicit extends |
 //! | `election.rs` | what an election adds to its lock: the leader's record, and the channel observers watch |
-//! | `permits.rs` | a semaphore's permits: acquire, wait, release, status, over the same queues, listener and renewal |
-//! | `rw.rs` | a read-write lock's grants: acquire to read or write, wait, release admitting the next waiters, over the same parts |
+//! | `shared_lock.rs` | a shared lock's grants (a semaphore's permits, a read-write lock's reads and writes): acquire, wait, release admitting the next waiters, status, over the same queues, listener and renewal |
 //!
 //! A quorum client has none of these; see `quorum/`.
 //!
@@ -21,10 +20,9 @@
 mod acquire;
 mod election;
 mod listener;
-mod permits;
 mod release;
 mod renew;
-mod rw;
+mod shared_lock;
 mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,12 +35,11 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant, Waiting};
-use crate::key::{release_channel, LockKeys, Owners, PermitKeys, RwKeys};
+use crate::key::{release_channel, LockKeys, Owners, SharedLockKeys};
 use crate::net::connector::Connector;
 use crate::net::router::Router;
 use crate::options::{Deadline, LockOptions};
-use crate::scripts::permits::PermitStatus;
-use crate::scripts::rw::Access;
+use crate::scripts::shared_lock::{Access, Status as SharedStatus};
 use crate::scripts::{self, Leaving, Released};
 use crate::status::LockStatus;
 
@@ -220,54 +217,49 @@ impl OneMaster {
         Arc::clone(&self.router)
     }
 
-    /// See [`Engine::acquire_permit`](crate::engine::Engine::acquire_permit).
-    pub(crate) fn acquire_permit(
+    /// Confirms a grant a release handed to `keys`' owner: one extend re-arms `lease` on our
+    /// connection and, with replica acks, WAITs behind it (the handoff was written on the
+    /// releaser's connection, and WAIT counts only what its own connection wrote). Whether the
+    /// grant is ours, and with acks how many replicas acknowledged.
+    fn confirm(&self, keys: &LockKeys, lease: Duration) -> Result<(bool, Option<u32>)> {
+        let acks = self.config.replica_acks;
+        self.router.run(keys.lock(), |con, _| match acks {
+            Some(acks) => scripts::extend_acked(con, keys, keys.owner(), lease, acks)
+                .map(|(ours, acked)| (ours, Some(acked))),
+            None => scripts::extend(con, keys, keys.owner(), lease).map(|ours| (ours, None)),
+        })
+    }
+
+    /// See [`Engine::acquire_shared`](crate::engine::Engine::acquire_shared).
+    pub(crate) fn acquire_shared(
         self: &Arc<Self>,
-        keys: &PermitKeys,
+        keys: &SharedLockKeys,
+        access: Access,
         lease: Duration,
         deadline: Deadline,
         cancel: Option<&Receiver<()>>,
     ) -> Result<Option<Arc<Grant>>> {
-        permits::acquire(self, keys, lease, deadline, cancel)
+        shared_lock::acquire(self, keys, access, lease, deadline, cancel)
     }
 
-    /// See [`Engine::release_permit`](crate::engine::Engine::release_permit).
-    pub(crate) fn release_permit(&self, keys: &PermitKeys, grant: &Arc<Grant>) -> Result<()> {
+    /// See [`Engine::release_shared`](crate::engine::Engine::release_shared).
+    pub(crate) fn release_shared(&self, keys: &SharedLockKeys, grant: &Arc<Grant>) -> Result<()> {
         let was_held = self.stop(grant);
-        permits::release(self, keys, grant, was_held)
+        shared_lock::release(self, keys, grant, was_held)
     }
 
-    /// See [`Engine::release_permit_detached`](crate::engine::Engine::release_permit_detached).
-    pub(crate) fn release_permit_detached(self: &Arc<Self>, keys: &PermitKeys, grant: &Arc<Grant>) {
-        let was_held = self.stop(grant);
-        permits::release_detached(self, keys, grant, was_held);
-    }
-
-    /// See [`Engine::permit_status`](crate::engine::Engine::permit_status).
-    pub(crate) fn permit_status(&self, keys: &PermitKeys) -> Result<PermitStatus> {
-        permits::status(self, keys)
-    }
-
-    /// See [`Engine::acquire_rw`](crate::engine::Engine::acquire_rw).
-    pub(crate) fn acquire_rw(
+    /// See [`Engine::release_shared_detached`](crate::engine::Engine::release_shared_detached).
+    pub(crate) fn release_shared_detached(
         self: &Arc<Self>,
-        keys: &RwKeys,
-        access: Access,
-        lease: Duration,
-        deadline: Deadline,
-    ) -> Result<Option<Arc<Grant>>> {
-        rw::acquire(self, keys, access, lease, deadline)
+        keys: &SharedLockKeys,
+        grant: &Arc<Grant>,
+    ) {
+        let was_held = self.stop(grant);
+        shared_lock::release_detached(self, keys, grant, was_held);
     }
 
-    /// See [`Engine::release_rw`](crate::engine::Engine::release_rw).
-    pub(crate) fn release_rw(&self, keys: &RwKeys, grant: &Arc<Grant>) -> Result<()> {
-        let was_held = self.stop(grant);
-        rw::release(self, keys, grant, was_held)
-    }
-
-    /// See [`Engine::release_rw_detached`](crate::engine::Engine::release_rw_detached).
-    pub(crate) fn release_rw_detached(self: &Arc<Self>, keys: &RwKeys, grant: &Arc<Grant>) {
-        let was_held = self.stop(grant);
-        rw::release_detached(self, keys, grant, was_held);
+    /// See [`Engine::shared_status`](crate::engine::Engine::shared_status).
+    pub(crate) fn shared_status(&self, keys: &SharedLockKeys) -> Result<SharedStatus> {
+        shared_lock::status(self, keys)
     }
 }

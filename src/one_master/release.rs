@@ -47,8 +47,8 @@ pub(super) fn leave_later(m: &Arc<OneMaster>, keys: LockKeys) {
     in_background(m, Task::Leave { keys });
 }
 
-/// Runs `work` on the background thread of [`release_detached`] (a semaphore's permit,
-/// `permits.rs`, releases and leaves its queue through it); `work` logs what fails.
+/// Runs `work` on the background thread of [`release_detached`] (a shared lock's grant,
+/// `shared_lock.rs`, releases and leaves its queue through it); `work` logs what fails.
 pub(super) fn later(m: &Arc<OneMaster>, work: impl FnOnce(&OneMaster) + Send + 'static) {
     in_background(m, Task::Run(Box::new(work)));
 }

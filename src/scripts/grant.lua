@@ -1,10 +1,11 @@
--- grant.lua: functions shared by acquire.lua and release.lua, prepended to both (not a script of
+-- grant.lua: functions shared by every script that grants (a lock's acquire.lua, confirm.lua and
+-- release.lua, a shared lock's permit_*.lua and rw_*.lua), prepended to each (not a script of
 -- its own).
 --
 -- The queue of a key: KEYS[3] is a LIST of the owner ids waiting, oldest first; KEYS[4] a HASH
--- from each of those owner ids to "<expiry ms> <lease ms>". An entry past its expiry (server
--- clock) belongs to a waiter that stopped asking and is skipped; both keys expire with their
--- longest-lived entry.
+-- from each of those owner ids to "<expiry ms> <lease ms>" (a read-write lock's add " r" or
+-- " w"). An entry past its expiry (server clock) belongs to a waiter that stopped asking and is
+-- skipped; both keys expire with their longest-lived entry.
 
 local function now_ms()
   local now = redis.call('TIME')
@@ -91,10 +92,14 @@ end
 
 -- Puts `owner` at the back of the queue, or refreshes its entry where it already stands. The
 -- entry lives `wait` ms (until the current holder's lease runs out, when the waiter asks again
--- by itself) plus the waiter's own lease.
-local function enqueue(queue, entries, owner, lease, wait)
+-- by itself) plus the waiter's own lease. `access` ('r' or 'w', a read-write lock's waiter's)
+-- ends the entry if given.
+local function enqueue(queue, entries, owner, lease, wait, access)
   local ttl = wait + tonumber(lease)
   local entry = string.format('%.0f %s', now_ms() + ttl, lease)
+  if access then
+    entry = entry .. ' ' .. access
+  end
   if redis.call('HSET', entries, owner, entry) == 1 then
     redis.call('RPUSH', queue, owner)
   end
@@ -108,5 +113,33 @@ end
 local function dequeue(queue, entries, owner)
   if redis.call('HDEL', entries, owner) == 1 then
     redis.call('LREM', queue, 1, owner)
+  end
+end
+
+-- Tells the client of waiter `next` that a release granted it `token`, unless that client is
+-- the caller's (its owner ids start like `caller`, up to the ':'), which hands the grant over in
+-- its own process. `key` is one of the lock's keys, "<namespace>:<kind>:{<tag>}": the namespace
+-- holds no '{' and the tag no '{' or '}', so the first '{' opens the tag.
+local function tell(key, caller, next, token)
+  local mine = string.match(caller, '^[^:]*:') or caller
+  if string.sub(next, 1, #mine) == mine then
+    return
+  end
+  local namespace, tag = string.match(key, '^(.*):[^:{}]*:{([^{}]*)}$')
+  -- Concatenated, not string.format('%s'): that stops at a NUL, which keys may hold.
+  local message = token .. ' ' .. next .. ' ' .. tag
+  local client = string.match(next, '^[^:]*')
+  -- The grant is made already: a publish refused (an ACL without the channel) must not fail
+  -- the release; the waiter finds the grant its own at its next attempt.
+  local heard = 0
+  if string.sub(client, 1, 1) == 's' and (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
+    -- A client on a cluster listens on a channel of its own in the key's slot: only this shard
+    -- hears it, where a PUBLISH would go to every node.
+    heard = redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
+  end
+  if type(heard) ~= 'number' or heard == 0 then
+    -- Nobody heard it here (its subscription not made yet, or made on the node a migrating slot
+    -- is leaving): every client also listens on its classic channel.
+    redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
   end
 end

@@ -6,20 +6,18 @@
 //! | `acquire.lua`, `confirm.lua`, `extend.lua`, `quorum_release.lua`, `quorum_force.lua`, `quorum_status.lua` | the quorum engine, on each master |
 //! | `election_proclaim.lua`, `election_resign.lua`, `election_leader.lua` | elections, over either engine (on each master of a quorum) |
 //! | `fenced_*.lua` | [`FencedRedis`](crate::FencedRedis), after `fenced_prelude.lua` |
-//! | `permit_acquire.lua`, `permit_release.lua`, `permit_status.lua`, `extend.lua` | a semaphore's permits, on the one-master engine (`permits.rs`) |
-//! | `rw_acquire.lua`, `rw_release.lua`, `extend.lua` | a read-write lock's grants, on the one-master engine (`rw.rs`); `rw.lua` holds what both share and follows `grant.lua` and `permits.lua` in each |
+//! | `permit_acquire.lua`, `permit_release.lua`; `rw_acquire.lua`, `rw_release.lua` (after `rw.lua`); `shared_lock_status.lua`, `extend.lua` | a shared lock's grants (a semaphore's permits; a read-write lock's reads and writes), on the one-master engine (`shared_lock.rs`) |
 //!
 //! `grant.lua` holds what acquire, confirm and release share (minting a token, the queue of
-//! waiters) and is prepended to each; `permits.lua` holds what a semaphore's acquire and release
-//! share (counting live holders, the waiters before a caller), and follows it in both.
+//! waiters) and is prepended to each; `shared_lock.lua` holds what a shared lock's acquire and
+//! release share (counting live holders, the waiters before a caller), and follows it in each.
 //!
 //! Each script is its own file with a header naming KEYS, ARGV and the reply; `docs/design.md`
 //! holds the state table (lock key absent / ours / another's × acquire / extend / release).
 //! Scripts run by EVALSHA; after NOSCRIPT the script is loaded and the call sent again, in one
 //! place ([`loading`]).
 
-pub(crate) mod permits;
-pub(crate) mod rw;
+pub(crate) mod shared_lock;
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -1,8 +1,8 @@
 -- permit_acquire.lua: take a permit of a counting semaphore if one is free for the caller, and
 -- mint a fencing token, atomically; otherwise, for a waiter, join the queue. (grant.lua and
--- permits.lua are prepended.)
+-- shared_lock.lua are prepended.)
 --
--- KEYS[1]  holders  ZSET owner id -> token of every permit granted and not released (permits.lua)
+-- KEYS[1]  holders  ZSET owner id -> token of every permit granted and not released (shared_lock.lua)
 -- KEYS[2]  fence    the semaphore's fence counter (see mint in grant.lua)
 -- KEYS[3]  queue    LIST of waiting owner ids, oldest first (see grant.lua)
 -- KEYS[4]  entries  HASH owner id -> "<expiry ms> <lease ms>"
@@ -35,14 +35,9 @@ local holders, fence, queue, entries, limit, permit = KEYS[1], KEYS[2], KEYS[3],
 local owner, lease, mode, idle, count = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local prefix = string.sub(permit, 1, #permit - #owner)
 
-if redis.call('GET', permit) == owner then
-  local token = redis.call('ZSCORE', holders, owner)
-  if token then
-    rearm(permit, lease)
-    return {1, string.format('%.0f', tonumber(token))}
-  end
-  -- Not among the holders (taken out by hand): it would not count, so it is not a permit.
-  redis.call('DEL', permit)
+local already = held_already(permit, holders, owner, lease)
+if already then
+  return {1, already}
 end
 
 -- The members, dead ones included, bound the live holders from above: while they are fewer than

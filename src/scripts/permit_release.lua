@@ -1,6 +1,6 @@
 -- permit_release.lua: give back a permit we still hold, handing it straight to the oldest live
 -- waiter if there is one; also how a waiter that gives up leaves the queue. (grant.lua and
--- permits.lua are prepended.)
+-- shared_lock.lua are prepended.)
 --
 -- KEYS[1..6]  as permit_acquire.lua: holders, fence, queue, entries, limit, and the permit key
 --             of ARGV[1]
@@ -9,18 +9,16 @@
 --          then release the permit if a handoff reached it meanwhile
 -- ARGV[3]  idle: ms the fence counter outlives the clock's passing it, re-armed by a handoff
 --
--- Returns  {0}                       the permit key is gone or not ARGV[1]'s: nothing released
+-- Returns, in the shape of rw_release.lua's reply:
+--          {0}                       the permit key is gone or not ARGV[1]'s: nothing released
 --                                    (ARGV[1] is taken out of the holders: it counts no more)
 --          {1}                       released; nobody waits
---          {2, token, owner, lease}  released and handed to `owner`, the oldest live entry of
+--          {1, token, owner, lease}  released and handed to `owner`, the oldest live entry of
 --                                    the queue: its permit key is set for `lease` ms (its entry's
 --                                    lease, at most HANDOFF_LEASE until it confirms), and it is
 --                                    among the holders with its token (a decimal string). Unless
 --                                    `owner` is one of the caller's (its id starts like ARGV[1],
---                                    up to the ':'), "<token> <owner> <tag>" is published to its
---                                    client as release.lua publishes a lock's handoff, the
---                                    namespace and tag read off KEYS[1],
---                                    "<namespace>:permits:{<tag>}".
+--                                    up to the ':'), its client is told (tell in grant.lua).
 --
 -- A handoff passes the released permit on: the count of holders stays what it was.
 local holders, fence, queue, entries, limit, permit = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -55,22 +53,8 @@ while true do
       local token = mint(fence, idle)
       redis.call('ZADD', holders, token, next)
       redis.call('SET', prefix .. next, next, 'PX', lease)
-      local mine = string.match(owner, '^[^:]*:') or owner
-      if string.sub(next, 1, #mine) ~= mine then
-        local namespace, tag = string.match(holders, '^(.*):permits:{([^{}]*)}$')
-        local message = token .. ' ' .. next .. ' ' .. tag
-        local client = string.match(next, '^[^:]*')
-        -- The permit is handed over already: a publish refused (an ACL without the channel)
-        -- must not fail the release; the waiter finds the permit ours at its next attempt.
-        local heard = 0
-        if string.sub(client, 1, 1) == 's' and (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
-          heard = redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
-        end
-        if type(heard) ~= 'number' or heard == 0 then
-          redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
-        end
-      end
-      return {2, token, next, lease}
+      tell(holders, owner, next, token)
+      return {1, token, next, lease}
     end
   end
 end

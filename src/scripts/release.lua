@@ -75,27 +75,7 @@ while true do
       if next_owner and next_owner ~= next then
         enqueue(KEYS[3], KEYS[4], next_owner, next_lease, lease)
       end
-      local prefix = string.match(ARGV[1], '^[^:]*:') or ARGV[1]
-      if string.sub(next, 1, #prefix) ~= prefix then
-        -- The namespace holds no '{' and the tag no '{' or '}': the first '{' opens the tag.
-        local namespace, tag = string.match(KEYS[1], '^(.*):lock:{([^{}]*)}$')
-        -- Concatenated, not string.format('%s'): that stops at a NUL, which keys may hold.
-        local message = token .. ' ' .. next .. ' ' .. tag
-        local client = string.match(next, '^[^:]*')
-        -- The lock is handed over already: a publish refused (an ACL without the channel)
-        -- must not fail the release; the waiter finds the lock at its next attempt.
-        local heard = 0
-        if string.sub(client, 1, 1) == 's' and (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
-          -- A client on a cluster listens on a channel of its own in the key's slot: only this
-          -- shard hears it, where a PUBLISH would go to every node.
-          heard = redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
-        end
-        if type(heard) ~= 'number' or heard == 0 then
-          -- Nobody heard it here (its subscription not made yet, or made on the node a migrating
-          -- slot is leaving): every client also listens on its classic channel.
-          redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
-        end
-      end
+      tell(KEYS[1], ARGV[1], next, token)
       return {2, token, next, lease}
     end
   end

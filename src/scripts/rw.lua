@@ -1,32 +1,18 @@
 -- rw.lua: what a read-write lock's acquire and release share, prepended to both after grant.lua
--- and permits.lua (not a script of its own).
+-- and shared_lock.lua (not a script of its own).
 --
 -- A read-write lock's holders: KEYS[1] is a ZSET of the owner ids granted to read and not
--- released, KEYS[2] the same for writing, each scored by its fencing token. Each grant has its
+-- released, KEYS[5] the same for writing, each scored by its fencing token. Each grant has its
 -- own key, "<namespace>:rwhold:{<tag>}:<owner id>" (KEYS[6] for the caller; the others are in the
 -- same slot, named by their owner id behind the same prefix), holding the owner id with the lease
 -- as TTL; renewal extends it as it extends a lock key (extend.lua). A member whose key is gone
 -- (its lease ran out) counts no more, and is taken out when a script looks (live_holders in
--- permits.lua).
+-- shared_lock.lua).
 --
--- The queue is a lock's (grant.lua), but each entry in KEYS[5] reads "<expiry ms> <lease ms>
+-- The queue is a lock's (grant.lua), but each entry in KEYS[4] reads "<expiry ms> <lease ms>
 -- <r|w>": whether the waiter wants to read or to write. Policy, first come, first served in one
 -- queue: a reader holds beside other readers unless a writer holds or a live writer waits before
 -- it; a writer holds alone, and only once nobody holds and no live waiter stands before it.
-
--- Puts `owner` at the back of the queue wanting `access` ('r' or 'w'), or refreshes its entry
--- where it already stands; as enqueue in grant.lua.
-local function enqueue_rw(queue, entries, owner, lease, wait, access)
-  local ttl = wait + tonumber(lease)
-  local entry = string.format('%.0f %s %s', now_ms() + ttl, lease, access)
-  if redis.call('HSET', entries, owner, entry) == 1 then
-    redis.call('RPUSH', queue, owner)
-  end
-  if redis.call('PTTL', queue) < ttl then
-    redis.call('PEXPIRE', queue, ttl)
-    redis.call('PEXPIRE', entries, ttl)
-  end
-end
 
 -- Whether a live writer waits in the queue before `owner` (anywhere in it, if `owner` stands
 -- nowhere).
@@ -60,9 +46,8 @@ end
 -- up to the first live writer, or that writer alone if nobody holds. Entries of dead waiters
 -- (past their expiry) and of `caller` at the head are taken out on the way. Each grant sets
 -- the waiter's key for its own lease, at most HANDOFF_LEASE until it confirms, mints its token,
--- and is published to its client (as release.lua publishes a lock's handoff) unless that client
--- is the caller's (its owner ids start like `caller`, up to the ':'). Returns the grants as a
--- flat list: token, owner, lease, token, owner, lease, ...
+-- and is told to its client (tell in grant.lua) unless that client is the caller's. Returns the
+-- grants as a flat list: token, owner, lease, token, owner, lease, ...
 local function admit(readers, writers, fence, queue, entries, prefix, idle, caller)
   local granted = {}
   if redis.call('EXISTS', queue) == 0 then
@@ -71,8 +56,6 @@ local function admit(readers, writers, fence, queue, entries, prefix, idle, call
   if live(writers, prefix) > 0 then
     return granted
   end
-  local mine = string.match(caller, '^[^:]*:') or caller
-  local namespace, tag = string.match(readers, '^(.*):readers:{([^{}]*)}$')
   local now = now_ms()
   while true do
     local next = redis.call('LINDEX', queue, 0)
@@ -92,19 +75,7 @@ local function admit(readers, writers, fence, queue, entries, prefix, idle, call
       local token = mint(fence, idle)
       redis.call('ZADD', access == 'w' and writers or readers, token, next)
       redis.call('SET', prefix .. next, next, 'PX', lease)
-      if string.sub(next, 1, #mine) ~= mine then
-        local message = token .. ' ' .. next .. ' ' .. tag
-        local client = string.match(next, '^[^:]*')
-        -- The grant is made already: a publish refused (an ACL without the channel) must not
-        -- fail the release; the waiter finds the grant its own at its next attempt.
-        local heard = 0
-        if string.sub(client, 1, 1) == 's' and (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000 then
-          heard = redis.pcall('SPUBLISH', namespace .. ':released:{' .. tag .. '}:' .. client, message)
-        end
-        if type(heard) ~= 'number' or heard == 0 then
-          redis.pcall('PUBLISH', namespace .. ':released:' .. client, message)
-        end
-      end
+      tell(readers, caller, next, token)
       granted[#granted + 1] = token
       granted[#granted + 1] = next
       granted[#granted + 1] = lease

@@ -1,12 +1,12 @@
 -- rw_acquire.lua: take a read-write lock to read or to write if the caller may hold it now, and
 -- mint a fencing token, atomically; otherwise, for a waiter, join the queue. (grant.lua,
--- permits.lua and rw.lua are prepended.)
+-- shared_lock.lua and rw.lua are prepended.)
 --
 -- KEYS[1]  readers  ZSET owner id -> token of every read grant not released (rw.lua)
--- KEYS[2]  writers  ZSET owner id -> token of every write grant not released
--- KEYS[3]  fence    the lock's fence counter, for reads and writes (see mint in grant.lua)
--- KEYS[4]  queue    LIST of waiting owner ids, oldest first (see grant.lua)
--- KEYS[5]  entries  HASH owner id -> "<expiry ms> <lease ms> <r|w>"
+-- KEYS[2]  fence    the lock's fence counter, for reads and writes (see mint in grant.lua)
+-- KEYS[3]  queue    LIST of waiting owner ids, oldest first (see grant.lua)
+-- KEYS[4]  entries  HASH owner id -> "<expiry ms> <lease ms> <r|w>"
+-- KEYS[5]  writers  ZSET owner id -> token of every write grant not released
 -- KEYS[6]  hold     the caller's key: "<namespace>:rwhold:{<tag>}:" .. ARGV[1]
 -- ARGV[1]  owner id, fresh for every acquire call: "<client id>:<sequence>"
 -- ARGV[2]  lease in milliseconds
@@ -24,19 +24,14 @@
 --                      the caller goes first (see rw.lua). pttl: ms until the soonest lease of a
 --                      holder in the way runs out (-1: none has an expiry), or HANDOFF_LEASE when
 --                      only waiters are in the way; a waiter asks again by itself then.
-local readers, writers, fence, queue, entries, hold = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local readers, fence, queue, entries, writers, hold = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, lease, mode, idle, access = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local mine = access == 'w' and writers or readers
 local prefix = string.sub(hold, 1, #hold - #owner)
 
-if redis.call('GET', hold) == owner then
-  local token = redis.call('ZSCORE', mine, owner)
-  if token then
-    rearm(hold, lease)
-    return {1, string.format('%.0f', tonumber(token))}
-  end
-  -- Not among the holders (taken out by hand): it would not count, so it is not a grant.
-  redis.call('DEL', hold)
+local already = held_already(hold, mine, owner, lease)
+if already then
+  return {1, already}
 end
 
 local blocked, wait = false, -1
@@ -65,6 +60,6 @@ if not blocked then
   return {1, token}
 end
 if mode ~= '0' then
-  enqueue_rw(queue, entries, owner, lease, math.max(wait, 0), access)
+  enqueue(queue, entries, owner, lease, math.max(wait, 0), access)
 end
 return {0, wait}

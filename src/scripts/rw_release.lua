@@ -1,8 +1,8 @@
 -- rw_release.lua: give back a read or write grant we still hold, then admit the waiters at the
 -- head of the queue that may hold now, in the same script; also how a waiter that gives up leaves
--- the queue. (grant.lua, permits.lua and rw.lua are prepended.)
+-- the queue. (grant.lua, shared_lock.lua and rw.lua are prepended.)
 --
--- KEYS[1..6]  as rw_acquire.lua: readers, writers, fence, queue, entries, and the hold key of
+-- KEYS[1..6]  as rw_acquire.lua: readers, fence, queue, entries, writers, and the hold key of
 --             ARGV[1]
 -- ARGV[1]  owner id of the grant being released
 -- ARGV[2]  '0': a holder's release; '1': ARGV[1] is a waiter giving up: leave the queue first,
@@ -19,7 +19,7 @@
 --
 -- Admitting runs whatever the code: a grant whose lease ran out, or a writer leaving the head of
 -- the queue, may let waiters in as a release does.
-local readers, writers, fence, queue, entries, hold = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local readers, fence, queue, entries, writers, hold = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, idle = ARGV[1], ARGV[3]
 if ARGV[2] == '1' then
   dequeue(queue, entries, owner)

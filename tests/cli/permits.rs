@@ -240,7 +240,7 @@ fn a_permit_lost_while_cmd_runs_sends_it_sigterm_and_exits_76() {
     let mut child = Child::spawn(cmd);
     child.expect_line("started", CALL_TIMEOUT);
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:*%Slost*", support::NAMESPACE))
+        .arg(format!("{}:*%semaphore:lost*", support::NAMESPACE))
         .query(&mut con)
         .unwrap();
     assert!(

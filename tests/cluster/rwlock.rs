@@ -24,10 +24,10 @@ fn client(set: &ClusterSet, lease: Duration) -> LockClient {
         .unwrap()
 }
 
-/// The master that serves the read-write lock `name` (its tag is `%R<name>` for plain names).
+/// The master that serves the read-write lock `name` (its tag is `%rwlock:<name>` for plain names).
 fn master_of(set: &ClusterSet, name: &str) -> u16 {
     set.master_of_slot(ClusterSet::slot_of(&format!(
-        "{NAMESPACE}:readers:{{%R{name}}}"
+        "{NAMESPACE}:readers:{{%rwlock:{name}}}"
     )))
 }
 
@@ -109,10 +109,14 @@ fn never_a_writer_beside_another_holder_on_a_cluster_and_every_key_on_its_master
     }
     let keys = keys_seen.into_inner().unwrap();
     assert!(
-        keys.iter().any(|k| k.starts_with("rw:rwhold:{%Rconfig}:")),
+        keys.iter()
+            .any(|k| k.starts_with("rw:rwhold:{%rwlock:config}:")),
         "no grant's key on the lock's master: {keys:?}"
     );
-    assert!(keys.iter().all(|k| k.contains("{%Rconfig}")), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| k.contains("{%rwlock:config}")),
+        "{keys:?}"
+    );
 }
 
 #[test]
@@ -140,7 +144,7 @@ fn a_writers_release_admits_other_clients_readers_on_the_shard_channel() {
             .collect();
         poll_until(Duration::from_secs(10), ms(5), || {
             let len: u64 = redis::cmd("LLEN")
-                .arg(format!("{NAMESPACE}:queue:{{%Rhandoff}}"))
+                .arg(format!("{NAMESPACE}:queue:{{%rwlock:handoff}}"))
                 .query(&mut set.connection(set.index_of_port(master)))
                 .map_err(|e| e.to_string())?;
             if len == 2 {

@@ -24,10 +24,10 @@ fn client(set: &ClusterSet, lease: Duration) -> LockClient {
         .unwrap()
 }
 
-/// The master that serves the semaphore `name` (its tag is `%S<name>` for plain names).
+/// The master that serves the semaphore `name` (its tag is `%semaphore:<name>` for plain names).
 fn master_of(set: &ClusterSet, name: &str) -> u16 {
     set.master_of_slot(ClusterSet::slot_of(&format!(
-        "{NAMESPACE}:permits:{{%S{name}}}"
+        "{NAMESPACE}:permits:{{%semaphore:{name}}}"
     )))
 }
 
@@ -85,10 +85,14 @@ fn never_more_than_n_permits_on_a_cluster_and_every_key_on_its_master() {
     assert_eq!(tokens.len(), holds.len(), "a token was granted twice");
     let keys = keys_seen.into_inner().unwrap();
     assert!(
-        keys.iter().any(|k| k.starts_with("sem:permit:{%Spool}:")),
+        keys.iter()
+            .any(|k| k.starts_with("sem:permit:{%semaphore:pool}:")),
         "no permit key on the semaphore's master: {keys:?}"
     );
-    assert!(keys.iter().all(|k| k.contains("{%Spool}")), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| k.contains("{%semaphore:pool}")),
+        "{keys:?}"
+    );
 }
 
 #[test]
@@ -146,7 +150,7 @@ fn a_slot_migrating_key_by_key_never_lets_a_permit_too_many_through() {
     let mine = holder.semaphore("moving", 2).unwrap();
     let theirs = other.semaphore("moving", 2).unwrap();
     let held = [mine.acquire().unwrap(), mine.acquire().unwrap()];
-    let slot = ClusterSet::slot_of("sem:permits:{%Smoving}");
+    let slot = ClusterSet::slot_of("sem:permits:{%semaphore:moving}");
     let source = set.master_of_slot(slot);
     let target = set
         .master_ports()
@@ -154,7 +158,7 @@ fn a_slot_migrating_key_by_key_never_lets_a_permit_too_many_through() {
         .find(|&p| p != source)
         .unwrap();
     let permit_keys: Vec<String> = redis::cmd("KEYS")
-        .arg("sem:permit:{%Smoving}:*")
+        .arg("sem:permit:{%semaphore:moving}:*")
         .query(&mut set.connection(set.index_of_port(source)))
         .unwrap();
     assert_eq!(permit_keys.len(), 2, "{permit_keys:?}");

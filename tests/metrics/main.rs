@@ -277,6 +277,108 @@ fn handoffs_are_counted_on_both_sides_and_told_apart() {
 }
 
 #[test]
+fn permits_reads_and_writes_are_counted_as_grants_of_their_own() {
+    let ns = "m-shared";
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let a = client_for(&server, ns);
+    let b = client_for(&server, ns);
+    let of = |grant: &'static str| [("namespace", ns), ("grant", grant)];
+    let by = |grant: &'static str, k: &'static str, v: &'static str| {
+        [("namespace", ns), ("grant", grant), (k, v)]
+    };
+
+    // A semaphore of one: a holds, b's try gives up, b waits, a's release hands the permit over.
+    let mine = a.semaphore("slots", 1).unwrap();
+    let theirs = b.semaphore("slots", 1).unwrap();
+    let held = mine.acquire().unwrap();
+    assert!(theirs.try_acquire(Duration::ZERO).unwrap().is_none());
+    let waiter = thread::spawn(move || theirs.acquire().map(|p| p.release()));
+    await_queue_len(&mut con, ns, "%semaphore:slots", 1);
+    held.release().unwrap();
+    waiter.join().unwrap().unwrap().unwrap();
+    let all = everything(ns);
+    assert_eq!(
+        counter("fencelock_grants_total", &by("permit", "how", "attempt")),
+        1,
+        "{all}"
+    );
+    let handed = by("permit", "how", "remote_handoff");
+    assert_eq!(counter("fencelock_grants_total", &handed), 1, "{all}");
+    let remote = by("permit", "to", "remote");
+    assert_eq!(counter("fencelock_handoffs_total", &remote), 1, "{all}");
+    assert_eq!(
+        counter("fencelock_lock_timeouts_total", &of("permit")),
+        1,
+        "{all}"
+    );
+    assert_eq!(
+        histogram("fencelock_wait_seconds", &of("permit")).len(),
+        2,
+        "{all}"
+    );
+    assert_eq!(
+        histogram("fencelock_hold_seconds", &of("permit")).len(),
+        2,
+        "{all}"
+    );
+
+    // A read-write lock: a reads, b's writer waits, a's release admits it.
+    let reading = a.read_lock("config").unwrap();
+    let writer = {
+        let b = b.clone();
+        thread::spawn(move || b.write_lock("config").map(|w| w.unlock()))
+    };
+    await_queue_len(&mut con, ns, "%rwlock:config", 1);
+    reading.unlock().unwrap();
+    writer.join().unwrap().unwrap().unwrap();
+    let all = everything(ns);
+    assert_eq!(
+        counter("fencelock_grants_total", &by("read", "how", "attempt")),
+        1,
+        "{all}"
+    );
+    let handed = by("write", "how", "remote_handoff");
+    assert_eq!(counter("fencelock_grants_total", &handed), 1, "{all}");
+    // A handoff is labelled with the grant released, here the read that admitted the writer.
+    let remote = by("read", "to", "remote");
+    assert_eq!(counter("fencelock_handoffs_total", &remote), 1, "{all}");
+    assert_eq!(
+        histogram("fencelock_hold_seconds", &of("read")).len(),
+        1,
+        "{all}"
+    );
+    assert_eq!(
+        histogram("fencelock_hold_seconds", &of("write")).len(),
+        1,
+        "{all}"
+    );
+
+    // A permit whose key is gone: one loss, and its release an unlock error.
+    let permit = mine.acquire().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{ns}:permit:{{%semaphore:slots}}:*"))
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg(&keys).query(&mut con).unwrap();
+    assert!(permit.release().unwrap_err().is_lock_lost());
+    let all = everything(ns);
+    assert_eq!(counter("fencelock_losses_total", &of("permit")), 1, "{all}");
+    let unlock = [("namespace", ns), ("op", "unlock"), ("kind", "lock_lost")];
+    assert_eq!(counter("fencelock_errors_total", &unlock), 1, "{all}");
+
+    // A plain lock's series say so too.
+    a.lock("plain").unwrap().unlock().unwrap();
+    assert_eq!(
+        counter("fencelock_grants_total", &of("lock")),
+        1,
+        "{}",
+        everything(ns)
+    );
+    assert_eq!(histogram("fencelock_hold_seconds", &of("lock")).len(), 1);
+}
+
+#[test]
 fn a_lock_lost_is_counted_once_and_its_unlock_as_an_error() {
     let ns = "m-loss";
     let server = RedisServer::start();

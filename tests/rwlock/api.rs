@@ -189,7 +189,7 @@ fn names_with_braces_percent_signs_and_non_ascii_work_and_leave_only_their_fence
     let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
     assert_eq!(keys.len(), names.len(), "{keys:?}");
     assert!(
-        keys.iter().all(|k| k.starts_with("test:fence:{%R")),
+        keys.iter().all(|k| k.starts_with("test:fence:{%rwlock:")),
         "{keys:?}"
     );
 }

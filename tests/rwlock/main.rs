@@ -14,8 +14,10 @@ mod support;
 mod api;
 mod crash;
 mod exclusion;
+mod extend;
 mod faults;
 mod order;
+mod status;
 
 use std::time::Duration;
 
@@ -23,7 +25,7 @@ use support::{ms, poll_until, queue_len};
 
 /// The tag of the read-write lock `name` (no braces or percent signs in the tests' names).
 pub fn tag(name: &str) -> String {
-    format!("%R{name}")
+    format!("%rwlock:{name}")
 }
 
 /// Polls (bounded: 10 s) until the queue in Redis of the read-write lock `name` holds `n`

@@ -135,11 +135,11 @@ fn a_waiter_alone_keeps_the_count_in_force() {
         .unwrap();
     let _: () = redis::pipe()
         .cmd("RPUSH")
-        .arg("test:queue:{%Swaited}")
+        .arg("test:queue:{%semaphore:waited}")
         .arg("other:1")
         .ignore()
         .cmd("HSET")
-        .arg("test:waiters:{%Swaited}")
+        .arg("test:waiters:{%semaphore:waited}")
         .arg("other:1")
         .arg(format!("{expiry} 5000"))
         .ignore()
@@ -173,7 +173,8 @@ fn any_name_works_and_stays_in_one_slot() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
     assert_eq!(keys.len(), 5, "{keys:?}");
     assert!(
-        keys.iter().all(|k| k.starts_with("test:fence:{%S")),
+        keys.iter()
+            .all(|k| k.starts_with("test:fence:{%semaphore:")),
         "{keys:?}"
     );
 }

@@ -149,5 +149,5 @@ fn a_permit_dropped_or_released_is_free_again_and_tokens_rise() {
     // Nothing is left behind once nobody holds or waits, but the fence counter.
     let mut con = server.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
-    assert_eq!(keys, vec!["test:fence:{%Spair}".to_owned()]);
+    assert_eq!(keys, vec!["test:fence:{%semaphore:pair}".to_owned()]);
 }

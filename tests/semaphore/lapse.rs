@@ -94,7 +94,7 @@ fn what_a_holder_cut_off_leaves_behind_goes_at_the_next_call() {
     let mut con = server.connection();
     crate::support::poll_until(Duration::from_secs(5), ms(10), || {
         let exists: bool = redis::cmd("EXISTS")
-            .arg("test:limit:{%Sleft}")
+            .arg("test:limit:{%semaphore:left}")
             .query(&mut con)
             .map_err(|e| e.to_string())?;
         let permits: u64 = redis::cmd("EVAL")
@@ -123,14 +123,14 @@ fn what_a_holder_cut_off_leaves_behind_goes_at_the_next_call() {
         })
         .collect();
     let members: u64 = redis::cmd("ZCARD")
-        .arg("test:permits:{%Sleft}")
+        .arg("test:permits:{%semaphore:left}")
         .query(&mut con)
         .unwrap();
     assert_eq!(members, 3);
     drop(permits);
     drop(stale);
     let keys: Vec<String> = redis::cmd("KEYS").arg("test:*").query(&mut con).unwrap();
-    assert_eq!(keys, vec!["test:fence:{%Sleft}".to_owned()]);
+    assert_eq!(keys, vec!["test:fence:{%semaphore:left}".to_owned()]);
 }
 
 #[test]
@@ -156,7 +156,7 @@ fn a_lost_permit_dropped_is_released_by_the_background_thread() {
     let mut con = server.connection();
     crate::support::poll_until(Duration::from_secs(5), ms(10), || {
         let members: u64 = redis::cmd("ZCARD")
-            .arg("test:permits:{%Sbackground}")
+            .arg("test:permits:{%semaphore:background}")
             .query(&mut con)
             .map_err(|e| e.to_string())?;
         if members == 0 {

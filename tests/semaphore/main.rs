@@ -12,5 +12,6 @@ mod support;
 mod api;
 mod counting;
 mod crash;
+mod extend;
 mod lapse;
 mod order;

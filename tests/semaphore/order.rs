@@ -130,11 +130,11 @@ fn a_free_permit_owed_to_an_earlier_waiter_is_not_taken_by_a_newcomer() {
     let expiry = now.0 * 1000 + now.1 / 1000 + 60_000;
     let _: () = redis::pipe()
         .cmd("RPUSH")
-        .arg("test:queue:{%Sowed}")
+        .arg("test:queue:{%semaphore:owed}")
         .arg("other:1")
         .ignore()
         .cmd("HSET")
-        .arg("test:waiters:{%Sowed}")
+        .arg("test:waiters:{%semaphore:owed}")
         .arg("other:1")
         .arg(format!("{expiry} 5000"))
         .ignore()
@@ -148,7 +148,7 @@ fn a_free_permit_owed_to_an_earlier_waiter_is_not_taken_by_a_newcomer() {
     );
     // That waiter gone (its entry run out), the permit is anyone's.
     let _: () = redis::cmd("HDEL")
-        .arg("test:waiters:{%Sowed}")
+        .arg("test:waiters:{%semaphore:owed}")
         .arg("other:1")
         .query(&mut con)
         .unwrap();

@@ -1,13 +1,17 @@
-//! A read-write lock's grants on one master: attempt, wait in the lock's local queue, take the
-//! grant; release, admitting the waiters that may hold next in the same script.
+//! A shared lock's grants on one master, for a semaphore's permits and a read-write lock's
+//! reads and writes alike: attempt, wait in the lock's local queue, take the grant; release,
+//! admitting the waiters that may hold next in the same script; status.
 //!
-//! Written as `permits.rs` is for a semaphore, over the same parts: the local queue and a
-//! waiter's states (`wait.rs`), the release channel's listener (`listener.rs`), grants held by
-//! the renewal thread. Each grant, read or write, carries a key of its own as its lock key
-//! (`key/rw.rs`), so renewal, extends and loss work on it unchanged. What differs is the
-//! scripts (`rw_*.lua`), that a release may admit several waiters at once (every reader at the
-//! head of Redis' queue), and that a grant wakes the next waiter of ours at once: a reader may
-//! hold beside it.
+//! Written as `acquire.rs` and `release.rs` are for a lock, over the same parts: the local queue
+//! and a waiter's states (`wait.rs`), the release channel's listener (`listener.rs`), grants
+//! held by the renewal thread. Each grant carries a key of its own as its lock key
+//! (`key/shared_lock.rs`), so renewal, extends and loss work on it unchanged. What a grant
+//! weighs (a permit one of N, a read one beside other reads, a write everything) is the
+//! scripts' business (`scripts/shared_lock.rs`): here every kind is waited for, taken and
+//! released the same way. Unlike a lock's, a release may admit several waiters (a writer's
+//! admits every reader at the head of Redis' queue), a release names no next waiter of our own
+//! (each waiter takes its turn in Redis' queue, which a release serves), and a grant wakes the
+//! next waiter of ours at once: a permit may be free for it, or a reader may hold beside it.
 //!
 //! Replica acknowledgement (`min_replica_acks`) is waited for as for a lock: behind the grant,
 //! or behind one extend for a handoff.
@@ -16,34 +20,39 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
 use super::listener;
 use super::wait::{Ticket, Waited, Wake};
 use super::OneMaster;
 use crate::error::{Error, Result};
 use crate::grant::{Grant, NewGrant};
-use crate::key::{LockKeys, RwKeys};
+use crate::key::{LockKeys, SharedLockKeys};
+use crate::metrics::{self, How, Op};
 use crate::net::pool::{Run, MIN_READ};
 use crate::net::router::Ride;
 use crate::options::Deadline;
-use crate::scripts::rw::{self as script, Access, RwAcquire, RwReleased};
-use crate::scripts::{self, JoinQueue, Leaving, HANDOFF_LEASE};
+use crate::scripts::shared_lock::{self as script, Access, Acquired, Released, Status};
+use crate::scripts::{JoinQueue, Leaving, HANDOFF_LEASE};
 use crate::token::FencingToken;
 
 /// How long a waiter past its deadline waits for Redis to take it out of its queue.
 const LEAVE_PATIENCE: Duration = Duration::from_millis(50);
 
-/// See [`Engine::acquire_rw`](crate::engine::Engine::acquire_rw).
+/// See [`Engine::acquire_shared`](crate::engine::Engine::acquire_shared).
 pub(super) fn acquire(
     m: &Arc<OneMaster>,
-    keys: &RwKeys,
+    keys: &SharedLockKeys,
     access: Access,
     lease: Duration,
     deadline: Deadline,
+    cancel: Option<&Receiver<()>>,
 ) -> Result<Option<Arc<Grant>>> {
     let call = Call {
         keys,
         access,
         lease,
+        cancel,
     };
     match deadline {
         Deadline::Now => call.once(m),
@@ -52,12 +61,13 @@ pub(super) fn acquire(
     }
 }
 
-/// One acquire call: the lock, read or write, and the lease asked for.
+/// One acquire call: the lock, what it asks for, the lease, and the caller's cancel signal.
 #[derive(Clone, Copy)]
 struct Call<'a> {
-    keys: &'a RwKeys,
+    keys: &'a SharedLockKeys,
     access: Access,
     lease: Duration,
+    cancel: Option<&'a Receiver<()>>,
 }
 
 /// How one turn in the queue ended.
@@ -68,26 +78,31 @@ enum Turn {
 }
 
 /// A grant: its token, the earliest its lease can have started, and for a handoff the lease
-/// Redis set (capped at [`HANDOFF_LEASE`]).
-type Granted = (FencingToken, Instant, Option<Duration>);
+/// Redis set (capped at [`HANDOFF_LEASE`]) and whose release it was.
+type Granted = (FencingToken, Instant, Option<(Duration, How)>);
 
 impl Call<'_> {
     /// One attempt, no waiting and no queueing.
     fn once(self, m: &Arc<OneMaster>) -> Result<Option<Arc<Grant>>> {
-        let hold = self.keys.hold(&m.owners.next_id());
+        let hold = self.keys.hold(&m.owners.next_id(), self.access.kind());
         let sent = Instant::now();
         match self.attempt(m, &hold, JoinQueue::Never, None)? {
-            RwAcquire::Granted(token) => Ok(Some(self.hold(m, hold, token, sent, self.lease))),
-            RwAcquire::Refused(_) => Ok(None),
+            Acquired::Granted(token) => {
+                self.count(m, How::Attempt);
+                Ok(Some(self.hold(m, hold, token, sent, self.lease)))
+            }
+            Acquired::Refused(_) => Ok(None),
+            Acquired::OtherCount(count) => Err(other_count(self.keys, count)),
         }
     }
 
-    /// Waits in the lock's local queue until granted or `deadline`.
+    /// Waits in the lock's local queue until granted, `deadline`, or cancelled.
     fn until(self, m: &Arc<OneMaster>, deadline: Option<Instant>) -> Result<Option<Arc<Grant>>> {
         loop {
             match self.turn(m, deadline)? {
                 Turn::Granted(grant) => return Ok(Some(grant)),
                 Turn::Deadline => return Ok(None),
+                Turn::TooLate if is_cancelled(self.cancel) => return Err(Error::Cancelled),
                 // A handoff came too late to use: wait again, as a new waiter.
                 Turn::TooLate => {}
             }
@@ -97,13 +112,13 @@ impl Call<'_> {
     /// One turn in the local queue, with an owner id of its own.
     fn turn(self, m: &Arc<OneMaster>, deadline: Option<Instant>) -> Result<Turn> {
         let keys = self.keys;
-        let hold = keys.hold(&m.owners.next_id());
+        let hold = keys.hold(&m.owners.next_id(), self.access.kind());
         let ticket = m.waiters.join(keys.tag(), hold.owner(), self.lease);
         let found = self.wait_for_grant(m, &hold, deadline, &ticket);
         if let Ok(Some((token, sent, handoff))) = found {
             ticket.leave_granted();
-            // Our next waiter asks at once: a reader may hold beside this grant, and a writer
-            // takes its place in Redis' queue.
+            // Our next waiter asks at once: a permit may be free for it, a reader may hold
+            // beside this grant, and a writer takes its place in Redis' queue.
             m.waiters.wake_head(keys.tag());
             return self.accept(m, hold, token, sent, handoff);
         }
@@ -119,7 +134,7 @@ impl Call<'_> {
         if !in_redis_queue {
             return found.map(|_| Turn::Deadline);
         }
-        if matches!(&found, Err(e) if e.is_connection()) || m.router.unreachable(keys.readers()) {
+        if matches!(&found, Err(e) if e.is_connection()) || m.router.unreachable(keys.holders()) {
             // Redis did not answer: leaving here would wait for it again, past the caller's
             // timeout. The background thread leaves for us; until it gets through, a grant
             // handed to us meanwhile stays held until its lease runs out.
@@ -127,7 +142,8 @@ impl Call<'_> {
             super::release::later(m, move |m| {
                 if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
                     log::warn!(
-                        "fencelock: leaving the queue of read-write lock {:?} failed: {e}",
+                        "fencelock: leaving the queue of {} {:?} failed: {e}",
+                        keys.what(),
                         keys.name()
                     );
                 }
@@ -139,14 +155,16 @@ impl Call<'_> {
         let until = deadline.is_some().then(|| Instant::now() + LEAVE_PATIENCE);
         if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
             log::warn!(
-                "fencelock: leaving the queue of read-write lock {:?} failed: {e}",
+                "fencelock: leaving the queue of {} {:?} failed: {e}",
+                keys.what(),
                 keys.name()
             );
         }
         found.map(|_| Turn::Deadline)
     }
 
-    /// The waiting loop of [`turn`](Call::turn): the grant, or `None` at `deadline`.
+    /// The waiting loop of [`turn`](Call::turn): the grant, `None` at `deadline`, or
+    /// `Error::Cancelled`.
     fn wait_for_grant(
         self,
         m: &OneMaster,
@@ -164,8 +182,9 @@ impl Call<'_> {
                 // Marked before sending: if the reply is lost, leaving must still withdraw.
                 let queue = ticket.attempt(sent);
                 match self.attempt(m, hold, queue, deadline) {
-                    Ok(RwAcquire::Granted(token)) => return Ok(Some((token, sent, None))),
-                    Ok(RwAcquire::Refused(pttl)) => {
+                    Ok(Acquired::Granted(token)) => return Ok(Some((token, sent, None))),
+                    Ok(Acquired::OtherCount(count)) => return Err(other_count(self.keys, count)),
+                    Ok(Acquired::Refused(pttl)) => {
                         ride = Ride::default();
                         ticket.refused();
                         watch_shard(m, self.keys, deadline);
@@ -177,7 +196,9 @@ impl Call<'_> {
                     // again, with the same owner id, on the master the deployment names by then.
                     Err(e) => match m.router.ride(&mut ride, &e, deadline) {
                         Some(pause) => {
-                            std::thread::sleep(pause);
+                            if pause_or_cancel(pause, self.cancel) {
+                                return Err(Error::Cancelled);
+                            }
                             continue;
                         }
                         None => return Err(e),
@@ -186,14 +207,14 @@ impl Call<'_> {
             }
             attempt_now = false;
             let until = deadline.into_iter().chain(retry_at).min();
-            match ticket.wait(until, None) {
+            match ticket.wait(until, self.cancel) {
                 Waited::Woken(wakes) => {
                     for wake in wakes {
                         match wake {
                             Wake::Granted { .. } => return Ok(handed(wake, ticket.since())),
                             Wake::Attempt => attempt_now = true,
                             // Only a lock's release naming our own next waiter sends it; a
-                            // read-write lock's names none. Taken as a lock's waiter would.
+                            // shared lock's names none. Taken as a lock's waiter would.
                             Wake::Queued { retry_after, since } => {
                                 ticket.queued(since);
                                 retry_at = Instant::now()
@@ -222,57 +243,66 @@ impl Call<'_> {
         hold: LockKeys,
         token: FencingToken,
         sent: Instant,
-        handoff: Option<Duration>,
+        handoff: Option<(Duration, How)>,
     ) -> Result<Turn> {
         let (keys, lease) = (self.keys, self.lease);
         let acks = m.config.replica_acks;
-        let granted = match handoff {
-            None => return Ok(Turn::Granted(self.hold(m, hold, token, sent, lease))),
-            Some(granted) if acks.is_none() && sent.elapsed() <= granted / 2 => granted,
-            Some(_) => {
+        let (granted, how) = match handoff {
+            None => {
+                self.count(m, How::Attempt);
+                return Ok(Turn::Granted(self.hold(m, hold, token, sent, lease)));
+            }
+            Some((granted, how)) if acks.is_none() && sent.elapsed() <= granted / 2 => {
+                (granted, how)
+            }
+            Some((_, how)) => {
                 // With replica acks: the handoff was written by the releaser, on another
                 // connection, and WAIT counts only what its own connection wrote, so the
                 // extend re-arms the lease on ours and WAITs behind it.
                 let sent = Instant::now();
-                let confirmed = m.router.run(hold.lock(), |con, _| match acks {
-                    Some(acks) => scripts::extend_acked(con, &hold, hold.owner(), lease, acks)
-                        .map(|(ours, acked)| (ours, Some(acked))),
-                    None => {
-                        scripts::extend(con, &hold, hold.owner(), lease).map(|ours| (ours, None))
-                    }
-                });
+                let confirmed = m.confirm(&hold, lease);
                 if let Ok((true, acked)) = confirmed {
                     let grant = self.hold(m, hold, token, sent, lease);
                     return match (acks, acked) {
                         (Some(acks), Some(acked)) if acked < acks.replicas => {
-                            let _ = m.release_rw(keys, &grant);
+                            let _ = m.release_shared(keys, &grant);
                             Err(Error::NotReplicated {
                                 acked,
                                 required: acks.replicas,
                             })
                         }
-                        _ => Ok(Turn::Granted(grant)),
+                        _ => {
+                            self.count(m, how);
+                            Ok(Turn::Granted(grant))
+                        }
                     };
                 }
                 // Not ours any more, or not known: give it back in our name (it is passed on if
                 // still ours), which also wakes our next waiter.
                 if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, None) {
                     log::warn!(
-                        "fencelock: giving back an unconfirmed grant of read-write lock {:?} \
-                         failed, it expires with its lease: {e}",
+                        "fencelock: giving back an unconfirmed grant of {} {:?} failed, it \
+                         expires with its lease: {e}",
+                        keys.what(),
                         keys.name()
                     );
                 }
                 confirmed.map(drop)?;
                 log::debug!(
-                    "fencelock: a grant of read-write lock {:?} (token {token}) came too late \
-                     to use",
+                    "fencelock: a grant of {} {:?} (token {token}) came too late to use",
+                    keys.what(),
                     keys.name()
                 );
                 return Ok(Turn::TooLate);
             }
         };
+        self.count(m, how);
         Ok(Turn::Granted(self.hold(m, hold, token, sent, granted)))
+    }
+
+    /// Counts a grant (the metrics' `fencelock_grants_total`), made `how`.
+    fn count(self, m: &OneMaster, how: How) {
+        metrics::granted_as(&m.config.namespace, self.access.kind(), how);
     }
 
     /// Makes the grant and hands it to the renewal thread, which renews the grant's key as a
@@ -306,13 +336,13 @@ impl Call<'_> {
         hold: &LockKeys,
         queue: JoinQueue,
         deadline: Option<Instant>,
-    ) -> Result<RwAcquire> {
+    ) -> Result<Acquired> {
         let keys = self.keys;
         let acks = m.config.replica_acks;
         let (sent, served) = (Instant::now(), Cell::new(None));
         let found =
             m.router
-                .run_until_noting(keys.readers(), deadline, &served, |con, run| {
+                .run_until_noting(keys.holders(), deadline, &served, |con, run| {
                     // A first run may have queued us before its reply was lost: a grant on this
                     // run must take the entry out.
                     let queue = match queue {
@@ -331,7 +361,7 @@ impl Call<'_> {
                         }
                         Err(e) => Err(e),
                         Ok((found, acked)) => match (found, acks, acked) {
-                            (RwAcquire::Granted(_), Some(acks), Some(acked))
+                            (Acquired::Granted(_), Some(acks), Some(acked))
                                 if acked < acks.replicas =>
                             {
                                 // Too few replicas have it, so a failover could lose it: give it
@@ -346,21 +376,22 @@ impl Call<'_> {
                         },
                     }
                 })??;
-        if let RwAcquire::Granted(token) = found {
+        if let Acquired::Granted(token) = found {
             // A cluster master frozen while its replica took over answers when it wakes,
             // before it learns it was replaced: a slow grant counts only if the other nodes
             // still name its node.
             if let Some(node) = served.get() {
                 if !m
                     .router
-                    .trusted(keys.readers(), node, sent.elapsed(), deadline)
+                    .trusted(keys.holders(), node, sent.elapsed(), deadline)
                 {
                     log::warn!(
-                        "fencelock: a grant of read-write lock {:?} (token {token}) came from a \
-                         master replaced while it answered; attempting again",
+                        "fencelock: a grant of {} {:?} (token {token}) came from a master \
+                         replaced while it answered; attempting again",
+                        keys.what(),
                         keys.name()
                     );
-                    return Ok(RwAcquire::Refused(Some(Duration::ZERO)));
+                    return Ok(Acquired::Refused(Some(Duration::ZERO)));
                 }
             }
         }
@@ -368,9 +399,38 @@ impl Call<'_> {
     }
 }
 
+/// The error of a semaphore handle whose count is not the one in force.
+fn other_count(keys: &SharedLockKeys, count: u64) -> Error {
+    Error::invalid(
+        "permits",
+        format!(
+            "semaphore {:?} is in use with {count} permits, not {}: its count changes only \
+             while no permit is held and nobody waits",
+            keys.name(),
+            keys.count()
+        ),
+    )
+}
+
+/// Whether the caller's cancel signal is ready (a message, or every sender gone).
+fn is_cancelled(cancel: Option<&Receiver<()>>) -> bool {
+    cancel.is_some_and(|cancel| !matches!(cancel.try_recv(), Err(TryRecvError::Empty)))
+}
+
+/// Sleeps for `pause`, or until `cancel` is ready: whether it was.
+fn pause_or_cancel(pause: Duration, cancel: Option<&Receiver<()>>) -> bool {
+    match cancel {
+        Some(cancel) => !matches!(cancel.recv_timeout(pause), Err(RecvTimeoutError::Timeout)),
+        None => {
+            std::thread::sleep(pause);
+            false
+        }
+    }
+}
+
 /// On a cluster, subscribes to the lock's shard channel, where other clients' releases tell us
 /// of a handoff.
-fn watch_shard(m: &OneMaster, keys: &RwKeys, deadline: Option<Instant>) {
+fn watch_shard(m: &OneMaster, keys: &SharedLockKeys, deadline: Option<Instant>) {
     if let Some(wake) = m.sharded.as_ref().and_then(|s| s.watch(keys.tag())) {
         let woken = m
             .router
@@ -389,41 +449,56 @@ fn handed(wake: Wake, earliest: Instant) -> Option<Granted> {
             since,
             lease,
             ..
-        } => Some((token, since.unwrap_or(earliest), Some(lease))),
+        } => {
+            // Our own release says when it sent the handoff; another client's says nothing.
+            let how = match since {
+                Some(_) => How::LocalHandoff,
+                None => How::RemoteHandoff,
+            };
+            Some((token, since.unwrap_or(earliest), Some((lease, how))))
+        }
         _ => None,
     }
 }
 
 /// The release in Redis of a grant already stopped here.
-pub(super) fn release(m: &OneMaster, keys: &RwKeys, grant: &Grant, was_held: bool) -> Result<()> {
-    let name = keys.name();
+pub(super) fn release(
+    m: &OneMaster,
+    keys: &SharedLockKeys,
+    grant: &Grant,
+    was_held: bool,
+) -> Result<()> {
+    let (what, name) = (keys.what(), keys.name());
     let (released, reply_lost) = match hand_over(m, keys, &grant.keys, Leaving::Lock, None) {
         Ok(found) => found,
         Err(e) => {
             log::warn!(
-                "fencelock: releasing read-write lock {name:?} failed, it expires with its \
+                "fencelock: releasing a grant of {what} {name:?} failed, it expires with its \
                  lease: {e}"
             );
+            metrics::failed(grant.keys.namespace(), Op::Unlock, &e);
             return Err(e);
         }
     };
     if released.ours || (reply_lost && was_held) {
         // (The first run may have released it before its connection broke.)
         log::debug!(
-            "fencelock: released read-write lock {name:?} (token {})",
+            "fencelock: released a grant of {what} {name:?} (token {})",
             grant.token
         );
         return Ok(());
     }
     if grant.mark_lost("it was no longer ours at release") {
         log::warn!(
-            "fencelock: read-write lock {name:?} (token {}) was no longer ours at release",
+            "fencelock: a grant of {what} {name:?} (token {}) was no longer ours at release",
             grant.token
         );
     }
-    Err(Error::LockLost {
+    let lost = Error::LockLost {
         key: name.to_owned(),
-    })
+    };
+    metrics::failed(grant.keys.namespace(), Op::Unlock, &lost);
+    Err(lost)
 }
 
 /// A release for a guard's drop, which must not wait for a Redis that stopped answering: a
@@ -432,11 +507,11 @@ pub(super) fn release(m: &OneMaster, keys: &RwKeys, grant: &Grant, was_held: boo
 /// runs out with its lease.
 pub(super) fn release_detached(
     m: &Arc<OneMaster>,
-    keys: &RwKeys,
+    keys: &SharedLockKeys,
     grant: &Arc<Grant>,
     was_held: bool,
 ) {
-    if !was_held || m.router.unreachable(keys.readers()) {
+    if !was_held || m.router.unreachable(keys.holders()) {
         let (keys, grant) = (keys.clone(), Arc::clone(grant));
         super::release::later(m, move |m| {
             let _ = release(m, &keys, &grant, was_held);
@@ -451,14 +526,14 @@ pub(super) fn release_detached(
 /// the script found, and whether its first reply was lost (so it ran again).
 fn hand_over(
     m: &OneMaster,
-    keys: &RwKeys,
+    keys: &SharedLockKeys,
     hold: &LockKeys,
     leaving: Leaving,
     until: Option<Instant>,
-) -> Result<(RwReleased, bool)> {
+) -> Result<(Released, bool)> {
     let sent = Instant::now();
     let mut reply_lost = false;
-    let released = m.router.run_until(keys.readers(), until, |con, run| {
+    let released = m.router.run_until(keys.holders(), until, |con, run| {
         reply_lost |= run == Run::Retry;
         script::release(con, keys, hold, leaving)
     });
@@ -472,7 +547,9 @@ fn hand_over(
     };
     let mut ours = false;
     for admitted in &released.admitted {
-        if admitted.owner.starts_with(m.owners.prefix()) {
+        let local = admitted.owner.starts_with(m.owners.prefix());
+        metrics::handed_over(hold.namespace(), hold.kind(), local);
+        if local {
             // One of ours that queued in Redis: if it left meanwhile, its leaving gives the
             // grant back.
             ours = true;
@@ -489,4 +566,18 @@ fn hand_over(
         m.waiters.wake_head(keys.tag());
     }
     Ok((released, reply_lost))
+}
+
+/// See [`Engine::shared_status`](crate::engine::Engine::shared_status).
+pub(super) fn status(m: &OneMaster, keys: &SharedLockKeys) -> Result<Status> {
+    let status = m
+        .router
+        .run(keys.holders(), |con, _| script::status(con, keys))?;
+    // As the acquire script decides: a count left behind by holders whose leases ran out is
+    // replaced by the next acquire, so it is no error.
+    let in_use = status.held > 0 || status.waiters > 0;
+    match status.limit {
+        Some(limit) if in_use && limit != u64::from(keys.count()) => Err(other_count(keys, limit)),
+        _ => Ok(status),
+    }
 }
