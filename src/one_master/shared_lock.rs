@@ -87,10 +87,10 @@ impl Call<'_> {
         let hold = self.keys.hold(&m.owners.next_id(), self.access.kind());
         let sent = Instant::now();
         match self.attempt(m, &hold, JoinQueue::Never, None)? {
-            Acquired::Granted(token) => {
-                self.count(m, How::Attempt);
-                Ok(Some(self.hold(m, hold, token, sent, self.lease)))
-            }
+            Acquired::Granted(token) => match self.accept(m, hold, token, sent, None)? {
+                Turn::Granted(grant) => Ok(Some(grant)),
+                Turn::Deadline | Turn::TooLate => Ok(None),
+            },
             Acquired::Refused(_) => Ok(None),
             Acquired::OtherCount(count) => Err(other_count(self.keys, count)),
         }
@@ -235,8 +235,10 @@ impl Call<'_> {
     }
 
     /// Turns a token into a held grant. A grant handed over by a release started its lease at
-    /// some moment after `sent`; if half of it may be gone, one extend confirms it first, so
-    /// that the grant starts out held and loss is never reported for a grant still ours.
+    /// some moment after `sent`, an attempt's after `sent` too; if half of it may be gone, one
+    /// extend confirms it first, so that the grant starts out held and loss is never reported
+    /// for a grant still ours. One whose lease ran out by that count before we heard of it is
+    /// given back, never handed out: Redis may have granted it to a rival since.
     fn accept(
         self,
         m: &Arc<OneMaster>,
@@ -247,57 +249,55 @@ impl Call<'_> {
     ) -> Result<Turn> {
         let (keys, lease) = (self.keys, self.lease);
         let acks = m.config.replica_acks;
-        let (granted, how) = match handoff {
-            None => {
-                self.count(m, How::Attempt);
-                return Ok(Turn::Granted(self.hold(m, hold, token, sent, lease)));
-            }
-            Some((granted, how)) if acks.is_none() && sent.elapsed() <= granted / 2 => {
-                (granted, how)
-            }
-            Some((_, how)) => {
-                // With replica acks: the handoff was written by the releaser, on another
-                // connection, and WAIT counts only what its own connection wrote, so the
-                // extend re-arms the lease on ours and WAITs behind it.
-                let sent = Instant::now();
-                let confirmed = m.confirm(&hold, lease);
-                if let Ok((true, acked)) = confirmed {
-                    let grant = self.hold(m, hold, token, sent, lease);
-                    return match (acks, acked) {
-                        (Some(acks), Some(acked)) if acked < acks.replicas => {
-                            let _ = m.release_shared(keys, &grant);
-                            Err(Error::NotReplicated {
-                                acked,
-                                required: acks.replicas,
-                            })
-                        }
-                        _ => {
-                            self.count(m, how);
-                            Ok(Turn::Granted(grant))
-                        }
-                    };
+        let (granted, how) = handoff.unwrap_or((lease, How::Attempt));
+        // An attempt's WAIT went behind it on its own connection; a handoff's did not.
+        let unacked = handoff.is_some() && acks.is_some();
+        if !unacked && sent.elapsed() <= granted / 2 {
+            self.count(m, how);
+            return Ok(Turn::Granted(self.hold(m, hold, token, sent, granted)));
+        }
+        // With replica acks: the handoff was written by the releaser, on another connection,
+        // and WAIT counts only what its own connection wrote, so the extend re-arms the lease
+        // on ours and WAITs behind it.
+        let sent = Instant::now();
+        // The confirmation's own reply may be as late: the lease must not have run out by our
+        // count before we heard that it was set.
+        let confirmed = m
+            .confirm(&hold, lease)
+            .map(|(ours, acked)| (ours && sent.elapsed() < lease, acked));
+        if let Ok((true, acked)) = confirmed {
+            let grant = self.hold(m, hold, token, sent, lease);
+            return match (acks, acked) {
+                (Some(acks), Some(acked)) if acked < acks.replicas => {
+                    let _ = m.release_shared(keys, &grant);
+                    Err(Error::NotReplicated {
+                        acked,
+                        required: acks.replicas,
+                    })
                 }
-                // Not ours any more, or not known: give it back in our name (it is passed on if
-                // still ours), which also wakes our next waiter.
-                if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, None) {
-                    log::warn!(
-                        "fencelock: giving back an unconfirmed grant of {} {:?} failed, it \
-                         expires with its lease: {e}",
-                        keys.what(),
-                        keys.name()
-                    );
+                _ => {
+                    self.count(m, how);
+                    Ok(Turn::Granted(grant))
                 }
-                confirmed.map(drop)?;
-                log::debug!(
-                    "fencelock: a grant of {} {:?} (token {token}) came too late to use",
-                    keys.what(),
-                    keys.name()
-                );
-                return Ok(Turn::TooLate);
-            }
-        };
-        self.count(m, how);
-        Ok(Turn::Granted(self.hold(m, hold, token, sent, granted)))
+            };
+        }
+        // Not ours any more, or not known: give it back in our name (it is passed on if still
+        // ours), which also wakes our next waiter.
+        if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, None) {
+            log::warn!(
+                "fencelock: giving back an unconfirmed grant of {} {:?} failed, it expires \
+                 with its lease: {e}",
+                keys.what(),
+                keys.name()
+            );
+        }
+        confirmed.map(drop)?;
+        log::debug!(
+            "fencelock: a grant of {} {:?} (token {token}) came too late to use",
+            keys.what(),
+            keys.name()
+        );
+        Ok(Turn::TooLate)
     }
 
     /// Counts a grant (the metrics' `fencelock_grants_total`), made `how`.

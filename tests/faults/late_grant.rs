@@ -68,3 +68,100 @@ fn a_grant_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
     }
     assert!(taken.is_held());
 }
+
+/// The same for a permit of a semaphore: a late permit would make n + 1 holders.
+#[test]
+fn a_permit_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = builder(proxy.url(), ms(300))
+        .response_timeout(Duration::from_secs(10))
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let rival = lock_client(&server, 300);
+    let ours = late.semaphore("late-permit", 1).unwrap();
+    let theirs = rival.semaphore("late-permit", 1).unwrap();
+    ours.acquire().unwrap().release().unwrap(); // a pooled connection; the scripts loaded
+
+    proxy.set_mode(Mode::Delay(Duration::from_secs(1)));
+    let answer = spawn_answer(move || {
+        let result = ours.try_acquire(Duration::ZERO);
+        (result, Instant::now())
+    });
+    wait_until(
+        ms(10_000),
+        "the delayed acquire to be granted in redis",
+        || theirs.status().unwrap().held == 1,
+    );
+    let taken = theirs
+        .try_acquire(Duration::from_secs(5))
+        .unwrap()
+        .expect("the rival is granted the permit once the late grant expired");
+    let rival_granted = Instant::now();
+    let (result, returned) = answer.recv_timeout(Duration::from_secs(30)).unwrap();
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        returned > rival_granted,
+        "the late reply came before the rival's grant: the fault did not happen as planned"
+    );
+    match result {
+        Ok(None) => {}
+        Err(e) => assert!(!e.is_connection(), "an error, not a grant: {e}"),
+        Ok(Some(permit)) => panic!(
+            "try_acquire returned a permit (token {}) after the rival was granted the only one \
+             (token {}): two holders of one permit",
+            permit.token(),
+            taken.token()
+        ),
+    }
+    assert!(taken.is_held());
+}
+
+/// The same for a write grant of a read-write lock.
+#[test]
+fn a_write_grant_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = builder(proxy.url(), ms(300))
+        .response_timeout(Duration::from_secs(10))
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let rival = lock_client(&server, 300);
+    late.write_lock("late-rw").unwrap().unlock().unwrap(); // a pooled connection; the scripts
+
+    proxy.set_mode(Mode::Delay(Duration::from_secs(1)));
+    let caller = late.clone();
+    let answer = spawn_answer(move || {
+        let result = caller.try_write_lock("late-rw", Duration::ZERO);
+        (result, Instant::now())
+    });
+    wait_until(
+        ms(10_000),
+        "the delayed write to be granted in redis",
+        || rival.rwlock_status("late-rw").unwrap().writer,
+    );
+    let taken = rival
+        .try_write_lock("late-rw", Duration::from_secs(5))
+        .unwrap()
+        .expect("the rival is granted the write once the late grant expired");
+    let rival_granted = Instant::now();
+    let (result, returned) = answer.recv_timeout(Duration::from_secs(30)).unwrap();
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        returned > rival_granted,
+        "the late reply came before the rival's grant: the fault did not happen as planned"
+    );
+    match result {
+        Ok(None) => {}
+        Err(e) => assert!(!e.is_connection(), "an error, not a grant: {e}"),
+        Ok(Some(write)) => panic!(
+            "try_write_lock returned a write grant (token {}) after the rival was granted the \
+             write (token {}): two writers at once",
+            write.token(),
+            taken.token()
+        ),
+    }
+    assert!(taken.is_held());
+}
