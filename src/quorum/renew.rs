@@ -290,9 +290,10 @@ pub(super) fn extend(q: &Quorum, grant: &Grant, lease: Duration) -> Result<()> {
     let until = (sent + q.response_timeout).min(grant.deadline());
     let mut packed = Vec::with_capacity(128);
     scripts::pack_extend(&mut packed, &grant.keys, grant.keys.owner(), lease);
-    let rx = q.ask(q.all(), &scripts::EXTEND, packed, until, false);
+    let mut round = q.round();
+    round.send(q.all(), &scripts::EXTEND, packed, until);
     let n = q.masters.len();
-    let Tally { yes, no, failed } = q.tally(&rx, until, false);
+    let Tally { yes, no, failed } = q.tally(&mut round, until, false);
     if yes >= q.majority {
         if grant.confirm(sent, lease, Instant::now()) {
             grant.renew_with(lease);
