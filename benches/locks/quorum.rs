@@ -206,14 +206,14 @@ impl Fanout {
 }
 
 /// The parallel round: a no-op EVALSHA to every master; when each reply came, earliest first.
-struct PollRound {
+pub struct PollRound {
     fanout: Fanout,
     packed: Vec<u8>,
     all: Vec<usize>,
 }
 
 impl PollRound {
-    fn new(masters: &[&RedisServer]) -> PollRound {
+    pub fn new(masters: &[&RedisServer]) -> PollRound {
         let (fanout, shas) = Fanout::new(masters, &[NOOP]);
         PollRound {
             all: (0..fanout.len()).collect(),
@@ -225,7 +225,7 @@ impl PollRound {
         }
     }
 
-    fn round(&mut self) -> Vec<Duration> {
+    pub fn round(&mut self) -> Vec<Duration> {
         let mut times = Vec::with_capacity(self.all.len());
         let t0 = Instant::now();
         self.fanout.send(&self.all, &self.packed);

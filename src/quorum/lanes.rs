@@ -38,7 +38,7 @@ use crate::net::wire::{self, Arg};
 /// The most idle lanes a master's pool keeps: as many as threads of a client lock at once.
 const MAX_IDLE: usize = 64;
 /// The most replies that may be due on a lane that goes back to its pool.
-const MAX_DUE: usize = 4;
+const MAX_DUE: usize = 32;
 /// The tag of requests whose replies nobody waits for.
 const NOBODY: u64 = u64::MAX;
 
