@@ -1,6 +1,10 @@
-//! One thread and one connection per master: what makes a quorum's requests parallel.
+//! One thread and one connection per master, for the requests a lock call's own connections
+//! (`lanes.rs`) cannot carry: the first call to a master (the worker then opens a connection for
+//! the callers' pool), a request whose connection broke, a script the master lost, calls nobody
+//! waits for (a guard's drop), the renewal thread's rounds, status, force_unlock, and every call
+//! to a TLS or Unix-socket master.
 //!
-//! A lock call hands each master's worker the same request and collects the replies on one
+//! A caller hands each master's worker the same request and collects the replies on one
 //! channel, so the N round trips overlap and a call waits for the majority, never for the
 //! slowest master. A worker sends everything queued for its master as one pipeline, so threads
 //! calling at once share round trips instead of queueing for connections.
