@@ -515,3 +515,46 @@ fn late_replies_are_never_taken_for_a_later_calls_answers() {
         quorum.masters_holding("taken")
     );
 }
+
+/// A lock call's own connections meet masters that forgot the scripts (a restart, `SCRIPT
+/// FLUSH`): the refused calls did not run, and go again with the script loaded, so lock and
+/// unlock work as before and the token still rises.
+#[test]
+fn lock_and_unlock_work_after_the_masters_forget_their_scripts() {
+    let servers = masters(3);
+    let c = client(&servers, 5_000, 2_000);
+    // Warm: the pool has a connection to every master, which later calls use.
+    let mut last = 0;
+    for i in 0..5 {
+        let guard = c
+            .try_lock("k", ms(3_000))
+            .unwrap()
+            .unwrap_or_else(|| panic!("warm-up {i}: not granted"));
+        last = guard.token().as_u64();
+        guard.unlock().unwrap();
+    }
+    for round in 0..3 {
+        flush_scripts(&servers);
+        let guard = c
+            .try_lock("k", ms(3_000))
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: not granted after SCRIPT FLUSH"));
+        let token = guard.token().as_u64();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        flush_scripts(&servers);
+        guard.unlock().unwrap();
+        // Released on a majority when unlock returns; on the last master soon after.
+        support::poll_until(Duration::from_secs(5), ms(5), || {
+            let held: Vec<usize> = (0..servers.len())
+                .filter(|&m| support::lock_exists(&mut servers[m].connection(), "k"))
+                .collect();
+            if held.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still locked on masters {held:?}"))
+            }
+        })
+        .unwrap_or_else(|e| panic!("round {round}: after unlock: {e}"));
+    }
+}
