@@ -214,6 +214,10 @@ impl Contention {
     fn p99(&self) -> Duration {
         pct(&self.waits, 0.99)
     }
+    /// The `q` percentile of the waits.
+    pub fn wait(&self, q: f64) -> Duration {
+        pct(&self.waits, q)
+    }
     pub fn describe(&self, r: &mut Report, bench: &str, who: &str) {
         let (max, min) = self.max_min();
         r.info(

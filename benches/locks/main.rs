@@ -74,6 +74,10 @@
 //! - `quorum_minority` (`minority` alone): two clients contending on a quorum of 5 masters with 2
 //!   frozen and of 3 with 1 frozen, against the same with all healthy and the deployment without
 //!   that minority, and with 2 of 5 killed; M_MS per run;
+//! - `peers`: the quorum of 5 (and 3) masters against npm `redlock` 5 (ioredis) on the same
+//!   masters, each against its own client's parallel round: uncontended lock + unlock (U, in
+//!   four blocks in turns) and 8 workers on one key (two turns of D_MS/2); needs Node.js and the
+//!   npm packages that `benches/peers/run.sh` installs (skipped without them);
 //! - `tls` (with `--features tls`): a new connection (connect, TLS handshake, PING) and
 //!   uncontended `lock` + `unlock` (U iterations) over TLS, each beside the same on the plain port
 //!   of one redis-server.
@@ -118,9 +122,9 @@
 //! - `server`: the throwaway redis-server and what is read from it (`INFO`);
 //! - `proxy` and `resp`: the loopback proxy that counts round trips, and the RESP it reads;
 //! - `params`: the parameters above;
-//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `semaphore`, `rwlock`, `contention`, `pool`, `renewal`,
-//!   `idle`, `pg`, `sentinel`, `cluster`, `quorum`, `tls`, and `baseline` (the hand-written lock
-//!   they compare with).
+//! - one module a benchmark: `rtt`, `uncontended`, `multi`, `handoff`, `election`, `semaphore`,
+//!   `rwlock`, `contention`, `pool`, `renewal`, `idle`, `pg`, `sentinel`, `cluster`, `quorum`,
+//!   `peers`, `tls`, and `baseline` (the hand-written lock they compare with).
 
 mod baseline;
 mod cluster;
@@ -131,6 +135,7 @@ mod idle;
 mod measure;
 mod multi;
 mod params;
+mod peers;
 mod pg;
 mod pool;
 mod proxy;
@@ -258,6 +263,9 @@ fn main() {
     }
     if p.selected("quorum_minority") {
         quorum::run_minority(&p, &mut r);
+    }
+    if p.selected("peers") {
+        peers::run(&p, &mut r);
     }
     if p.selected("tls") {
         #[cfg(feature = "tls")]

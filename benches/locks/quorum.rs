@@ -4,9 +4,10 @@
 //!
 //! - **Parallel round** ("PR", the unit here): a no-op `EVALSHA` written to every master's socket
 //!   from one thread, the replies taken as they come (`poll`): the time until the majority's
-//!   reply (3rd of 5) and until the last. Beside it the same round through a thread and a
-//!   connection per master, as the quorum engine is built (each master's thread makes the call,
-//!   the caller waits on a channel).
+//!   reply (3rd of 5) and until the last (the quorum engine's lock calls make their rounds this
+//!   way). Beside it the same round through a thread and a connection per master (each master's
+//!   thread makes the call, the caller waits on a channel), as the engine's worker threads serve
+//!   what its own connections cannot carry.
 //! - **Uncontended**: lock + unlock from one thread, a fresh key each time, U times, each paired
 //!   with a parallel round just before, and taken in turns (the order rotating) with: the same
 //!   protocol on plain connections from one thread with fencelock's own scripts (acquire on all,
@@ -206,14 +207,14 @@ impl Fanout {
 }
 
 /// The parallel round: a no-op EVALSHA to every master; when each reply came, earliest first.
-struct PollRound {
+pub struct PollRound {
     fanout: Fanout,
     packed: Vec<u8>,
     all: Vec<usize>,
 }
 
 impl PollRound {
-    fn new(masters: &[&RedisServer]) -> PollRound {
+    pub fn new(masters: &[&RedisServer]) -> PollRound {
         let (fanout, shas) = Fanout::new(masters, &[NOOP]);
         PollRound {
             all: (0..fanout.len()).collect(),
@@ -225,7 +226,7 @@ impl PollRound {
         }
     }
 
-    fn round(&mut self) -> Vec<Duration> {
+    pub fn round(&mut self) -> Vec<Duration> {
         let mut times = Vec::with_capacity(self.all.len());
         let t0 = Instant::now();
         self.fanout.send(&self.all, &self.packed);

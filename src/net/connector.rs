@@ -300,6 +300,14 @@ impl Connector {
         }
     }
 
+    /// The client of master `index` of a quorum, if there is one.
+    pub(crate) fn master_client(&self, index: usize) -> Option<&redis::Client> {
+        match &self.shape {
+            Shape::Quorum(masters) => masters.get(index),
+            _ => None,
+        }
+    }
+
     /// A new connection to master `index` of a quorum (`index < masters()`), as
     /// [`connect`](Connector::connect).
     pub(crate) fn master(

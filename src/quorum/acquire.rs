@@ -227,7 +227,8 @@ fn attempt(
             Arg::Int(keys.idle_ms()),
         ],
     );
-    let rx = q.ask(q.all(), &scripts::ACQUIRE, packed, stop, false);
+    let mut round = q.round();
+    round.send(q.all(), &scripts::ACQUIRE, packed, stop);
     let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
     // Refusals: the holder's remaining lease, and who holds it.
     let mut held: Vec<(Option<Duration>, Option<String>)> = Vec::new();
@@ -243,7 +244,7 @@ fn attempt(
             break;
         }
         let now = Instant::now();
-        let unanswered = q.waited_for(&answered, now).count();
+        let unanswered = round.waited_for(&answered, now).count();
         if n - granted.len() - unanswered > n - q.majority {
             let best = held
                 .iter()
@@ -255,7 +256,7 @@ fn attempt(
                 break;
             }
         }
-        let reply = match q.next_reply(&rx, &answered, now, stop) {
+        let reply = match round.next(&answered, stop) {
             Next::Reply(reply) => reply,
             Next::Recount => continue,
             Next::Done => break,
@@ -268,7 +269,7 @@ fn attempt(
         }
     }
     // Grants that came with the last counted one raise T and join the write-back.
-    while let Ok(reply) = rx.try_recv() {
+    while let Some(reply) = round.try_next() {
         answered[reply.master] = true;
         match reply.result.and_then(|v| scripts::acquired_naming(v, keys)) {
             Ok((Acquire::Granted(token), _)) => granted.push((reply.master, token)),
@@ -282,7 +283,7 @@ fn attempt(
         *quiet = Some(t0);
     }
     if granted.len() < q.majority {
-        release::give_up(q, keys, lease, false);
+        release::give_up(q, &mut round, keys, lease, false);
         // Held only when a majority refused for one holder, who will publish its release.
         // Refusals by several owners are other attempts (or what failed attempts left, being
         // released unannounced): nobody may hold the lock, and nobody will say when it is
@@ -341,12 +342,11 @@ fn attempt(
         ],
     );
     let asked = granted.len();
-    let rx = q.ask(
+    round.send(
         granted.iter().map(|(m, _)| *m),
         &scripts::CONFIRM,
         packed,
         stop,
-        false,
     );
     let (mut yes, mut other) = (0, 0);
     let mut confirmed = vec![true; n];
@@ -355,11 +355,11 @@ fn attempt(
     }
     loop {
         let now = Instant::now();
-        let stalled = asked - yes - other - q.waited_for(&confirmed, now).count();
+        let stalled = asked - yes - other - round.waited_for(&confirmed, now).count();
         if yes >= q.majority || other + stalled > asked - q.majority {
             break;
         }
-        let reply = match q.next_reply(&rx, &confirmed, now, stop) {
+        let reply = match round.next(&confirmed, stop) {
             Next::Reply(reply) => reply,
             Next::Recount => continue,
             Next::Done => break,
@@ -372,7 +372,7 @@ fn attempt(
     }
     if yes < q.majority || Instant::now() >= valid_until {
         // A majority granted it: waiters refused by that majority took it for held.
-        release::give_up(q, keys, lease, true);
+        release::give_up(q, &mut round, keys, lease, true);
         return Ok(Attempt::Split { ahead: false });
     }
     Ok(Attempt::Granted(token, t0))

@@ -26,8 +26,9 @@ impl Quorum {
         let until = Instant::now() + self.response_timeout;
         let mut packed = Vec::with_capacity(256 + p.value.len());
         scripts::pack_proclaim(&mut packed, keys, record, p);
-        let rx = self.ask(self.all(), &scripts::PROCLAIM, packed, until, false);
-        let tally = self.tally(&rx, until, false);
+        let mut round = self.round();
+        round.send(self.all(), &scripts::PROCLAIM, packed, until);
+        let tally = self.tally(&mut round, until, false);
         if tally.yes >= self.majority {
             return Ok(true);
         }

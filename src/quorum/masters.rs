@@ -1,6 +1,10 @@
-//! One thread and one connection per master: what makes a quorum's requests parallel.
+//! One thread and one connection per master, for the requests a lock call's own connections
+//! (`lanes.rs`) cannot carry: the first call to a master (the worker then opens a connection for
+//! the callers' pool), a request whose connection broke, a script the master lost, calls nobody
+//! waits for (a guard's drop), the renewal thread's rounds, status, force_unlock, and every call
+//! to a TLS or Unix-socket master.
 //!
-//! A lock call hands each master's worker the same request and collects the replies on one
+//! A caller hands each master's worker the same request and collects the replies on one
 //! channel, so the N round trips overlap and a call waits for the majority, never for the
 //! slowest master. A worker sends everything queued for its master as one pipeline, so threads
 //! calling at once share round trips instead of queueing for connections.
@@ -34,6 +38,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use redis::{RedisError, RedisResult, Script, Value};
 
+use super::lanes::{Dial, Pool};
 use crate::net::connector::Connector;
 use crate::net::wire::{self, Interrupted};
 
@@ -64,6 +69,30 @@ pub(crate) struct Request {
     retried: bool,
 }
 
+impl Request {
+    /// A request of `packed` (a call of `script`), answered on `reply` with `tag`; `retried`
+    /// when it went out once already on a connection that broke.
+    pub(crate) fn new(
+        packed: Arc<Vec<u8>>,
+        script: &'static Script,
+        expires: Instant,
+        reply: Sender<Reply>,
+        tag: u64,
+        once: bool,
+        retried: bool,
+    ) -> Request {
+        Request {
+            packed,
+            script,
+            expires,
+            reply,
+            tag,
+            once,
+            retried,
+        }
+    }
+}
+
 /// One call for [`Masters::send`]: `packed` (a call of `script`), unsent after `expires`,
 /// answered on `reply` with `tag`.
 pub(crate) struct Call<'a> {
@@ -90,6 +119,8 @@ pub(crate) struct Reply {
 pub(crate) struct Masters {
     workers: Vec<Sender<Request>>,
     health: Vec<Arc<Health>>,
+    /// Each master's idle lanes (`lanes.rs`), for masters that can have them.
+    pools: Vec<Option<Arc<Pool>>>,
     /// What [`Health::busy_since`] counts from.
     epoch: Instant,
 }
@@ -123,8 +154,14 @@ impl Masters {
     ) -> std::io::Result<Masters> {
         let mut workers = Vec::new();
         let mut healths = Vec::new();
+        let mut pools = Vec::new();
         let epoch = Instant::now();
         for index in 0..connector.masters() {
+            let pool = connector
+                .master_client(index)
+                .and_then(Dial::of)
+                .map(|dial| Arc::new(Pool::new(dial)));
+            pools.push(pool.clone());
             let (tx, rx) = crossbeam_channel::unbounded();
             let health = Arc::new(Health {
                 busy_since: AtomicU64::new(0),
@@ -140,6 +177,7 @@ impl Masters {
                 connection_timeout,
                 response_timeout,
                 con: None,
+                pool,
                 retry_at: None,
                 backoff: FIRST_BACKOFF,
             };
@@ -151,6 +189,7 @@ impl Masters {
         Ok(Masters {
             workers,
             health: healths,
+            pools,
             epoch,
         })
     }
@@ -193,33 +232,58 @@ impl Masters {
         self.stalled_at(master).is_some_and(|at| at <= now)
     }
 
+    /// `master`'s pool of lanes, if it can have lanes.
+    pub(crate) fn pool(&self, master: usize) -> Option<&Pool> {
+        self.pools[master].as_deref()
+    }
+
+    /// Whether `master`'s last exchange timed out, with no reply since.
+    pub(crate) fn is_suspect(&self, master: usize) -> bool {
+        self.health[master].suspect.load(Ordering::Relaxed)
+    }
+
+    /// A reply came from `master` on a lane.
+    pub(crate) fn answered(&self, master: usize) {
+        self.health[master].suspect.store(false, Ordering::Relaxed);
+    }
+
+    /// A request on a lane to `master` went unanswered for a response timeout.
+    pub(crate) fn timed_out(&self, master: usize) {
+        self.health[master].suspect.store(true, Ordering::Relaxed);
+    }
+
+    /// Hands `request` to `master`'s worker; a refusal if the worker is gone.
+    pub(crate) fn dispatch(&self, master: usize, request: Request) {
+        if let Err(unsent) = self.workers[master].send(request) {
+            // The worker is gone (it cannot panic, so only at shutdown): a refusal.
+            let request = unsent.into_inner();
+            let _ = request.reply.send(Reply {
+                master,
+                tag: request.tag,
+                result: Err(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the master's worker thread is gone",
+                ))),
+                retried: false,
+            });
+        }
+    }
+
     /// Sends `packed` (a call of `script`) to each of `to`, replies to `reply` tagged `tag`;
     /// unsent after `expires`.
     pub(crate) fn send(&self, to: impl IntoIterator<Item = usize>, call: Call<'_>) {
         let packed = Arc::new(call.packed);
         for master in to {
-            let request = Request {
-                packed: Arc::clone(&packed),
-                script: call.script,
-                expires: call.expires,
-                reply: call.reply.clone(),
-                tag: call.tag,
-                once: call.once,
-                retried: false,
-            };
-            if let Err(unsent) = self.workers[master].send(request) {
-                // The worker is gone (it cannot panic, so only at shutdown): a refusal.
-                let request = unsent.into_inner();
-                let _ = request.reply.send(Reply {
-                    master,
-                    tag: call.tag,
-                    result: Err(RedisError::from((
-                        redis::ErrorKind::Io,
-                        "the master's worker thread is gone",
-                    ))),
-                    retried: false,
-                });
-            }
+            let request = Request::new(
+                Arc::clone(&packed),
+                call.script,
+                call.expires,
+                call.reply.clone(),
+                call.tag,
+                call.once,
+                false,
+            );
+            self.dispatch(master, request);
         }
     }
 }
@@ -234,6 +298,8 @@ struct Worker {
     connection_timeout: Duration,
     response_timeout: Duration,
     con: Option<redis::Connection>,
+    /// The master's lanes: one is opened when there is none, after the master answered.
+    pool: Option<Arc<Pool>>,
     /// After a failed connect, no new one before this.
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -259,7 +325,10 @@ impl Worker {
             }
             if !batch.is_empty() {
                 self.health.busy(self.epoch);
-                self.serve(&mut batch);
+                let answered = self.serve(&mut batch);
+                if let (true, Some(pool)) = (answered, &self.pool) {
+                    pool.refill(self.connection_timeout, self.response_timeout);
+                }
                 self.health.idle();
             }
             batch.clear();
@@ -270,10 +339,12 @@ impl Worker {
     /// sent again once on a new connection when a reused one turns out broken (a master that
     /// restarted, an idle connection the master or a proxy closed), so that an outage is one
     /// refusal and a closed connection none; a timeout is never sent again (a frozen master).
-    fn serve(&mut self, batch: &mut [Request]) {
+    /// Whether the master answered any of them.
+    fn serve(&mut self, batch: &mut [Request]) -> bool {
         let mut replies: Vec<Option<RedisResult<Value>>> = batch.iter().map(|_| None).collect();
         let mut todo: Vec<usize> = (0..batch.len()).collect();
         let (mut loaded, mut reconnected) = (false, false);
+        let mut answered = false;
         // A first send, one after NOSCRIPT, one on a new connection: three at most.
         for _ in 0..3 {
             if todo.is_empty() {
@@ -313,6 +384,7 @@ impl Worker {
             };
             let (got, failed) = wire::exchange_partial(con, &packed, &ends, on_interrupt);
             if got.iter().any(|r| matches!(r, Some(Ok(_)))) {
+                answered = true;
                 self.health.suspect.store(false, Ordering::Relaxed);
             } else if failed.as_ref().is_some_and(RedisError::is_timeout) {
                 self.health.suspect.store(true, Ordering::Relaxed);
@@ -378,6 +450,7 @@ impl Worker {
                 retried: request.retried,
             });
         }
+        answered
     }
 
     fn connection(&mut self) -> RedisResult<&mut redis::Connection> {

@@ -33,10 +33,12 @@
 //! | `release.rs` | release, and what a failed attempt leaves behind; force_unlock |
 //! | `status.rs` | how the lock stands on a majority |
 //! | `election.rs` | what an election adds to its lock: the leader's record on a majority, and a watch on every master |
-//! | `masters.rs` | one worker thread per master, that sends calls and brings their replies |
+//! | `lanes.rs` | connections the calling thread drives itself: a lock call's rounds written to every master at once, the replies read as they come (`poll`) |
+//! | `masters.rs` | one worker thread per master, that sends what lanes cannot, and the calls nobody waits for |
 
 mod acquire;
 mod election;
+mod lanes;
 mod masters;
 mod release;
 mod renew;
@@ -61,6 +63,7 @@ use crate::options::{Deadline, LockOptions};
 use crate::scripts;
 use crate::status::LockStatus;
 
+use lanes::Round;
 use masters::{Call, Masters, Reply};
 use renew::Renewal;
 use wait::Waiters;
@@ -216,7 +219,13 @@ impl Quorum {
         }
     }
 
-    /// Sends one call to the masters `to`; replies come on the returned channel.
+    /// A round of calls from this thread to the masters, on lanes where it can.
+    fn round(&self) -> Round<'_> {
+        Round::new(&self.masters, self.response_timeout)
+    }
+
+    /// Sends one call to the masters `to` through their workers; replies come on the returned
+    /// channel.
     fn ask(
         &self,
         to: impl IntoIterator<Item = usize>,
@@ -238,10 +247,10 @@ impl Quorum {
         rx
     }
 
-    /// Counts the `1`/`0` replies of an extend or release sent to every master, until a
-    /// majority said either, every master answered, or `until`; with `retried_is_yes`, a `0`
-    /// from a request sent twice counts as `1`.
-    fn tally(&self, rx: &Receiver<Reply>, until: Instant, retried_is_yes: bool) -> Tally {
+    /// Counts the `1`/`0` replies of an extend or release sent to every master in `round`,
+    /// until a majority said either, every master answered, or `until`; with
+    /// `retried_is_yes`, a `0` from a request sent twice counts as `1`.
+    fn tally(&self, round: &mut Round<'_>, until: Instant, retried_is_yes: bool) -> Tally {
         let n = self.masters.len();
         let mut tally = Tally {
             yes: 0,
@@ -254,11 +263,11 @@ impl Quorum {
             let now = Instant::now();
             if tally.yes >= self.majority
                 || tally.no > n - self.majority
-                || self.waited_for(&answered, now).next().is_none()
+                || round.waited_for(&answered, now).next().is_none()
             {
                 break;
             }
-            let reply = match self.next_reply(rx, &answered, now, until) {
+            let reply = match round.next(&answered, until) {
                 Next::Reply(reply) => reply,
                 Next::Recount => continue,
                 Next::Done => break,

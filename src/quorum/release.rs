@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::lanes::Round;
 use super::wait;
 use super::{Quorum, Tally};
 use crate::error::{Error, Result};
@@ -17,7 +18,16 @@ use crate::scripts;
 /// them wait for a release message); otherwise nobody: no grant was reported, and a
 /// message would wake the other waiters (this client's head is the caller) only to find
 /// the lock as it was.
-pub(super) fn give_up(q: &Quorum, keys: &LockKeys, lease: Duration, tell: bool) {
+///
+/// It goes behind the attempt's calls on `round`'s lanes, so that on every master it runs after
+/// the acquire it undoes, however late that one runs.
+pub(super) fn give_up(
+    q: &Quorum,
+    round: &mut Round<'_>,
+    keys: &LockKeys,
+    lease: Duration,
+    tell: bool,
+) {
     let channel = if tell {
         wait::channel(&q.namespace, keys.tag())
     } else {
@@ -26,12 +36,11 @@ pub(super) fn give_up(q: &Quorum, keys: &LockKeys, lease: Duration, tell: bool) 
     // Worth sending for as long as the attempt's lease may last: an acquire that reached a
     // frozen master runs when it wakes, and this release behind it then frees that master.
     let expires = Instant::now() + lease;
-    let _ = q.ask(
+    round.send_unwatched(
         q.all(),
         &scripts::QUORUM_RELEASE,
         release_call(keys, &channel),
         expires,
-        false,
     );
 }
 
@@ -73,23 +82,23 @@ pub(super) fn release_keys(
     // A drop waits for nothing: the release is worth sending while the lease may last.
     let expires =
         wait.unwrap_or_else(|| Instant::now() + q.response_timeout.max(Duration::from_secs(5)));
-    let rx = q.ask(
-        q.all(),
-        &scripts::QUORUM_RELEASE,
-        release_call(keys, &channel),
-        expires,
-        false,
-    );
+    let packed = release_call(keys, &channel);
+    let Some(until) = wait else {
+        let _ = q.ask(q.all(), &scripts::QUORUM_RELEASE, packed, expires, false);
+        q.waiters.wake_head(keys.tag());
+        return None;
+    };
+    let mut round = q.round();
+    round.send(q.all(), &scripts::QUORUM_RELEASE, packed, expires);
     // This client's next waiter needs no message from Redis. Woken now, its attempt races
     // this release on the masters, and the release's messages wake it again if it lost:
     // waking it only once a majority released (the messages then repeats) cost a third of
     // the acquisitions under contention.
     q.waiters.wake_head(keys.tag());
-    let until = wait?;
     let n = q.masters.len();
     // A release sent twice (the first connection broke) that finds nothing: the first run
     // may have deleted it.
-    let Tally { yes, no, failed } = q.tally(&rx, until, true);
+    let Tally { yes, no, failed } = q.tally(&mut round, until, true);
     // Lost when a majority says the key is gone or another's. Otherwise released where it
     // was found: a master that failed or did not answer may hold it still, and it expires
     // there with its lease (as it would after a grant that master never saw).

@@ -16,7 +16,7 @@
 //! watched only for its deadline, so that `lost()` fires on time.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,9 +36,24 @@ pub(crate) enum Command {
     Forget(u64),
 }
 
+/// The most commands left for the thread before it is woken to take them.
+const MAX_PENDING: usize = 1024;
+
+/// Grants held and forgotten since the thread last looked, and when it looks next. A lock call
+/// and its unlock leave their grant here without waking the thread (a wake-up is a context
+/// switch each, on the caller's core as often as not), unless the grant is due before the thread
+/// looks anyway.
+struct Inbox {
+    commands: Vec<Command>,
+    /// When the thread looks next, unless woken.
+    wake: Instant,
+}
+
 /// The client's handle on the thread; the thread ends when it is dropped.
 pub(crate) struct Renewal {
-    commands: Sender<Command>,
+    /// Wakes the thread (an empty message); its end ends the thread.
+    wakes: Sender<()>,
+    inbox: Arc<Mutex<Inbox>>,
 }
 
 impl Renewal {
@@ -47,8 +62,13 @@ impl Renewal {
         quorum: usize,
         response_timeout: Duration,
     ) -> std::io::Result<Renewal> {
-        let (commands, inbox) = crossbeam_channel::unbounded();
+        let (wakes, woken) = crossbeam_channel::unbounded();
         let (replies_tx, replies) = crossbeam_channel::unbounded();
+        let inbox = Arc::new(Mutex::new(Inbox {
+            commands: Vec::new(),
+            wake: Instant::now(),
+        }));
+        let pending = Arc::clone(&inbox);
         thread::Builder::new()
             .name("fencelock-renew".into())
             .spawn(move || {
@@ -61,18 +81,30 @@ impl Renewal {
                     replies_tx,
                     next_round: 0,
                 }
-                .run(&inbox, &replies);
+                .run(&pending, &woken, &replies);
             })?;
-        Ok(Renewal { commands })
+        Ok(Renewal { wakes, inbox })
+    }
+
+    /// Leaves `command` for the thread; wakes it if `due` is before it looks, or too much
+    /// waits. False if the thread is gone.
+    fn leave(&self, command: Command, due: Option<Instant>) -> bool {
+        let wake = {
+            let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+            inbox.commands.push(command);
+            due.is_some_and(|due| due < inbox.wake) || inbox.commands.len() > MAX_PENDING
+        };
+        !wake || self.wakes.send(()).is_ok()
     }
 
     /// Keeps `grant` alive until forgotten; false if the thread is gone.
     pub(crate) fn hold(&self, grant: Arc<Grant>) -> bool {
-        self.commands.send(Command::Hold(grant)).is_ok()
+        let due = grant.next_renewal().min(grant.deadline());
+        self.leave(Command::Hold(grant), Some(due))
     }
 
     pub(crate) fn forget(&self, id: u64) {
-        let _ = self.commands.send(Command::Forget(id));
+        let _ = self.leave(Command::Forget(id), None);
     }
 }
 
@@ -104,30 +136,57 @@ struct Renewer {
 }
 
 impl Renewer {
-    fn run(mut self, inbox: &Receiver<Command>, replies: &Receiver<Reply>) {
+    fn run(mut self, inbox: &Mutex<Inbox>, woken: &Receiver<()>, replies: &Receiver<Reply>) {
         // Looking over every grant costs a pass over all of them: done when something is due
         // (or a grant came), not for every reply, and at most every millisecond.
         let mut wake = Instant::now();
+        let mut commands = Vec::new();
         loop {
             let now = Instant::now();
+            // Commands first: a grant forgotten must not be renewed by this pass.
+            for command in commands.drain(..) {
+                match command {
+                    Command::Hold(grant) => {
+                        let id = grant.id;
+                        wake = wake.min(grant.next_renewal()).min(grant.deadline());
+                        self.held.insert(
+                            id,
+                            Held {
+                                grant,
+                                round: None,
+                                not_before: now,
+                            },
+                        );
+                    }
+                    Command::Forget(id) => {
+                        if let Some(Round { tag, .. }) = self.held.remove(&id).and_then(|h| h.round)
+                        {
+                            self.rounds.remove(&tag);
+                        }
+                    }
+                }
+            }
             if now >= wake {
                 self.tick(now);
                 wake = self.next_wake(now).max(now + TICK);
             }
+            {
+                // What came meanwhile is taken before sleeping; what comes after sees `wake`.
+                let mut inbox = inbox.lock().unwrap_or_else(PoisonError::into_inner);
+                if !inbox.commands.is_empty() {
+                    std::mem::swap(&mut commands, &mut inbox.commands);
+                    continue;
+                }
+                inbox.wake = wake;
+            }
             crossbeam_channel::select! {
-                recv(inbox) -> command => match command {
-                    Ok(Command::Hold(grant)) => {
-                        let id = grant.id;
-                        wake = wake.min(grant.next_renewal()).min(grant.deadline());
-                        self.held.insert(id, Held { grant, round: None, not_before: now });
-                    }
-                    Ok(Command::Forget(id)) => {
-                        if let Some(Round { tag, .. }) = self.held.remove(&id).and_then(|h| h.round) {
-                            self.rounds.remove(&tag);
-                        }
-                    }
+                recv(woken) -> woke => {
                     // The client is gone, and every guard with it.
-                    Err(_) => return,
+                    if woke.is_err() {
+                        return;
+                    }
+                    let mut inbox = inbox.lock().unwrap_or_else(PoisonError::into_inner);
+                    std::mem::swap(&mut commands, &mut inbox.commands);
                 },
                 recv(replies) -> reply => {
                     if let Ok(reply) = reply {
@@ -136,7 +195,10 @@ impl Renewer {
                         }
                     }
                 },
-                default(wake.saturating_duration_since(Instant::now())) => {}
+                default(wake.saturating_duration_since(Instant::now())) => {
+                    let mut inbox = inbox.lock().unwrap_or_else(PoisonError::into_inner);
+                    std::mem::swap(&mut commands, &mut inbox.commands);
+                }
             }
         }
     }
@@ -290,9 +352,10 @@ pub(super) fn extend(q: &Quorum, grant: &Grant, lease: Duration) -> Result<()> {
     let until = (sent + q.response_timeout).min(grant.deadline());
     let mut packed = Vec::with_capacity(128);
     scripts::pack_extend(&mut packed, &grant.keys, grant.keys.owner(), lease);
-    let rx = q.ask(q.all(), &scripts::EXTEND, packed, until, false);
+    let mut round = q.round();
+    round.send(q.all(), &scripts::EXTEND, packed, until);
     let n = q.masters.len();
-    let Tally { yes, no, failed } = q.tally(&rx, until, false);
+    let Tally { yes, no, failed } = q.tally(&mut round, until, false);
     if yes >= q.majority {
         if grant.confirm(sent, lease, Instant::now()) {
             grant.renew_with(lease);

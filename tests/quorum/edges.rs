@@ -462,3 +462,99 @@ fn a_fenced_store_from_a_quorum_client_refuses_every_call() {
     let got = store.highest_token("x");
     assert!(matches!(got, Err(fencelock::Error::Rejected(_))), "{got:?}");
 }
+
+/// A master that answers late: replies still due on a connection when their call ended are read
+/// and dropped, never taken for the answers to a later call on that connection. Here the late
+/// replies are grants of free keys, and the later call asks for a key that master refuses: taken
+/// for its answer, one of them would make a majority with the one master that grants.
+#[test]
+fn late_replies_are_never_taken_for_a_later_calls_answers() {
+    let quorum = Quorum::start(3);
+    // A response timeout long enough that the connection to the frozen master stays in use.
+    let client = quorum
+        .builder(Duration::from_secs(30))
+        .response_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        client.lock(&format!("warm-{i}")).unwrap().unlock().unwrap();
+    }
+    // Someone else's on masters 0 and 1: a majority refuses it.
+    for m in [0, 1] {
+        let _: () = redis::cmd("SET")
+            .arg(lock_key("taken"))
+            .arg("someone")
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut quorum.connection(m))
+            .unwrap();
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut quorum.connection(0))
+        .unwrap();
+    quorum.freeze(0);
+    // Granted and released by masters 1 and 2; master 0 gets each acquire and release late.
+    let cycles = 3;
+    for i in 0..cycles {
+        client.lock(&format!("late-{i}")).unwrap().unlock().unwrap();
+    }
+    quorum.thaw(0);
+    // Master 0 has run them all (and so has written their replies).
+    support::poll_until(Duration::from_secs(10), ms(5), || {
+        match command_calls(&mut quorum.connection(0), "evalsha") {
+            n if n >= 2 * cycles => Ok(n),
+            n => Err(format!("{n} scripts run on master 0")),
+        }
+    })
+    .unwrap_or_else(|e| panic!("master 0 did not catch up: {e}"));
+    let guard = client.try_lock("taken", Duration::ZERO).unwrap();
+    assert!(
+        guard.is_none(),
+        "granted a key held on masters 0 and 1, on masters {:?}",
+        quorum.masters_holding("taken")
+    );
+}
+
+/// A lock call's own connections meet masters that forgot the scripts (a restart, `SCRIPT
+/// FLUSH`): the refused calls did not run, and go again with the script loaded, so lock and
+/// unlock work as before and the token still rises.
+#[test]
+fn lock_and_unlock_work_after_the_masters_forget_their_scripts() {
+    let servers = masters(3);
+    let c = client(&servers, 5_000, 2_000);
+    // Warm: the pool has a connection to every master, which later calls use.
+    let mut last = 0;
+    for i in 0..5 {
+        let guard = c
+            .try_lock("k", ms(3_000))
+            .unwrap()
+            .unwrap_or_else(|| panic!("warm-up {i}: not granted"));
+        last = guard.token().as_u64();
+        guard.unlock().unwrap();
+    }
+    for round in 0..3 {
+        flush_scripts(&servers);
+        let guard = c
+            .try_lock("k", ms(3_000))
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: not granted after SCRIPT FLUSH"));
+        let token = guard.token().as_u64();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        flush_scripts(&servers);
+        guard.unlock().unwrap();
+        // Released on a majority when unlock returns; on the last master soon after.
+        support::poll_until(Duration::from_secs(5), ms(5), || {
+            let held: Vec<usize> = (0..servers.len())
+                .filter(|&m| support::lock_exists(&mut servers[m].connection(), "k"))
+                .collect();
+            if held.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still locked on masters {held:?}"))
+            }
+        })
+        .unwrap_or_else(|e| panic!("round {round}: after unlock: {e}"));
+    }
+}
