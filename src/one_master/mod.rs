@@ -228,7 +228,20 @@ impl OneMaster {
         lease: Duration,
         deadline: Option<Instant>,
     ) -> Result<(bool, Option<u32>)> {
-        let acks = self.config.replica_acks;
+        // Before a deadline, the WAIT ends in three quarters of the time left (never 0 ms,
+        // which would block for good), as a renewal's does in its budget: too few
+        // acknowledgements by then is `NotReplicated`, not a reply cut off by the deadline.
+        let acks = self.config.replica_acks.map(|acks| match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let timeout = acks
+                    .timeout
+                    .min(left - left / 4)
+                    .max(Duration::from_millis(1));
+                scripts::ReplicaAcks { timeout, ..acks }
+            }
+            None => acks,
+        });
         self.router
             .run_until(keys.lock(), deadline, |con, _| match acks {
                 Some(acks) => scripts::extend_acked(con, keys, keys.owner(), lease, acks)
