@@ -10,6 +10,7 @@ mod support;
 mod clock;
 mod crash;
 mod late_confirm;
+mod late_contention;
 mod late_grant;
 mod network;
 mod pause;
