@@ -16,5 +16,6 @@ mod network;
 mod pause;
 mod replies;
 mod restart;
+mod stale_entry;
 mod unreachable;
 mod unreachable_edges;
