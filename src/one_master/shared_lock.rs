@@ -138,27 +138,23 @@ impl Call<'_> {
             // Redis did not answer: leaving here would wait for it again, past the caller's
             // timeout. The background thread leaves for us; until it gets through, a grant
             // handed to us meanwhile stays held until its lease runs out.
-            let keys = keys.clone();
-            super::release::later(m, move |m| {
-                if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
-                    log::warn!(
-                        "fencelock: leaving the queue of {} {:?} failed: {e}",
-                        keys.what(),
-                        keys.name()
-                    );
-                }
-            });
+            leave_later(m, keys, hold);
             return found.map(|_| Turn::Deadline);
         }
         // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
-        // passed on. On failure the entry expires by itself, and a grant handed to us with it.
+        // passed on. Past a deadline, Redis gets a little while to answer (it may have stopped
+        // while we waited); then the background thread tries again, as for a lock, since an
+        // entry left behind stays owed what frees up until it runs out. On other failures the
+        // entry expires by itself, and a grant handed to us with it.
         let until = deadline.is_some().then(|| Instant::now() + LEAVE_PATIENCE);
-        if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
-            log::warn!(
+        match hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
+            Ok(_) => {}
+            Err(e) if until.is_some() && e.is_connection() => leave_later(m, keys, hold),
+            Err(e) => log::warn!(
                 "fencelock: leaving the queue of {} {:?} failed: {e}",
                 keys.what(),
                 keys.name()
-            );
+            ),
         }
         found.map(|_| Turn::Deadline)
     }
@@ -291,19 +287,7 @@ impl Call<'_> {
         let until = deadline.map(|_| Instant::now() + LEAVE_PATIENCE);
         match hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
             Ok(_) => {}
-            Err(e) if until.is_some() && e.is_connection() => {
-                let keys = keys.clone();
-                super::release::later(m, move |m| {
-                    if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
-                        log::warn!(
-                            "fencelock: giving back an unconfirmed grant of {} {:?} failed, it \
-                             expires with its lease: {e}",
-                            keys.what(),
-                            keys.name()
-                        );
-                    }
-                });
-            }
+            Err(e) if until.is_some() && e.is_connection() => leave_later(m, keys, hold),
             Err(e) => log::warn!(
                 "fencelock: giving back an unconfirmed grant of {} {:?} failed, it expires \
                  with its lease: {e}",
@@ -540,6 +524,23 @@ pub(super) fn release_detached(
     }
     // `release` logs what failed.
     let _ = release(m, keys, grant, was_held);
+}
+
+/// Takes `hold`'s owner out of Redis' queue, and gives back a grant that reached it, from the
+/// background thread (`release.rs`): for a waiter that gave up, or a grant it will not use,
+/// while Redis did not answer. Failures are logged; what it cannot do runs out by itself.
+fn leave_later(m: &Arc<OneMaster>, keys: &SharedLockKeys, hold: LockKeys) {
+    let keys = keys.clone();
+    super::release::later(m, move |m| {
+        if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
+            log::warn!(
+                "fencelock: leaving the queue of {} {:?} failed, its entry and a grant handed \
+                 to it expire by themselves: {e}",
+                keys.what(),
+                keys.name()
+            );
+        }
+    });
 }
 
 /// Runs the release script for `hold`'s owner, and tells our waiters it admitted. Returns what
