@@ -45,7 +45,7 @@ pub(super) fn once(
         return Ok(None);
     };
     let granted_by = GrantedBy::Attempt { queued: false };
-    match accept(m, keys, token, sent, lease, options, granted_by)? {
+    match accept(m, keys, token, sent, lease, None, options, granted_by)? {
         Turn::Granted(grant) => Ok(Some(grant)),
         Turn::Deadline | Turn::TooLate => Ok(None),
     }
@@ -85,7 +85,7 @@ fn turn(
     let found = wait_for_grant(m, &keys, owner, lease, deadline, options, &ticket);
     if let Ok(Some((token, sent, granted_by))) = found {
         ticket.leave_granted();
-        return accept(m, keys, token, sent, lease, options, granted_by);
+        return accept(m, keys, token, sent, lease, deadline, options, granted_by);
     }
     // Leaving without a grant; a handoff may have reached us all the same.
     let earliest = ticket.since();
@@ -93,7 +93,7 @@ fn turn(
     if let (Some(wake), Ok(None)) = (late, &found) {
         if let Some((token, since, granted_by)) = handed(wake, earliest) {
             // Granted before we gave up: better taken than handed on.
-            return accept(m, keys, token, since, lease, options, granted_by);
+            return accept(m, keys, token, since, lease, deadline, options, granted_by);
         }
     }
     // Only a waiter in Redis' queue or named by a release can have been handed the lock.
@@ -229,13 +229,18 @@ fn wait_for_grant(
 /// that count, or it is short of the lease asked for while nothing renews it, one extend
 /// confirms the lease first, so that the grant starts out held rather than lost, and loss is
 /// never reported for a lock still ours. A grant whose lease ran out, by our count, before we
-/// heard of it is given back, never handed out: a rival may hold the key by then.
+/// heard of it is given back, never handed out: a rival may hold the key by then. Neither the
+/// confirmation nor the give-back holds the caller past `deadline` (its own, if it has one):
+/// what Redis has not answered by then is a timeout, and the give-back goes on in the
+/// background, as a waiter's leaving does.
+#[allow(clippy::too_many_arguments)]
 fn accept(
     m: &Arc<OneMaster>,
     keys: LockKeys,
     token: FencingToken,
     sent: Instant,
     lease: Duration,
+    deadline: Option<Instant>,
     options: &LockOptions,
     granted_by: GrantedBy,
 ) -> Result<Turn> {
@@ -262,7 +267,7 @@ fn accept(
         // and WAIT counts only what its own connection wrote, so the extend re-arms the
         // lease on ours and WAITs behind it.
         let sent = Instant::now();
-        match m.confirm(&keys, lease) {
+        match m.confirm(&keys, lease, deadline) {
             // The confirmation's own reply may be as late: by our count the lease must not
             // have run out before we heard that it was set, or a rival may hold it now.
             Ok((true, acked)) if sent.elapsed() < lease => (sent, lease, acked),
@@ -270,20 +275,26 @@ fn accept(
                 // No guard will release this grant, and the next waiter of ours is woken
                 // only by a release or a loss: release it in our name. That frees the lock
                 // or hands it on if it is still ours (an extend that timed out may have
-                // run), and wakes our next waiter either way.
-                if let Err(e) = release::hand_over(
+                // run), and wakes our next waiter either way. Past a deadline, Redis gets a
+                // little while to answer, then the background thread tries again.
+                let until = deadline.map(|_| Instant::now() + LEAVE_PATIENCE);
+                match release::hand_over(
                     m,
                     &keys,
                     keys.owner(),
                     Leaving::QueueAndLock,
                     MAX_LOCAL_RUN,
-                    None,
+                    until,
                 ) {
-                    log::warn!(
+                    Ok(_) => {}
+                    Err(e) if until.is_some() && e.is_connection() => {
+                        release::leave_later(m, keys.clone());
+                    }
+                    Err(e) => log::warn!(
                         "fencelock: giving back an unconfirmed handoff of {:?} failed, it \
                          expires with its lease: {e}",
                         keys.user()
-                    );
+                    ),
                 }
                 not_confirmed?;
                 // It ran out before we heard of it: wait again.

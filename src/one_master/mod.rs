@@ -27,7 +27,7 @@ mod wait;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use uuid::Uuid;
@@ -220,14 +220,34 @@ impl OneMaster {
     /// Confirms a grant a release handed to `keys`' owner: one extend re-arms `lease` on our
     /// connection and, with replica acks, WAITs behind it (the handoff was written on the
     /// releaser's connection, and WAIT counts only what its own connection wrote). Whether the
-    /// grant is ours, and with acks how many replicas acknowledged.
-    fn confirm(&self, keys: &LockKeys, lease: Duration) -> Result<(bool, Option<u32>)> {
-        let acks = self.config.replica_acks;
-        self.router.run(keys.lock(), |con, _| match acks {
-            Some(acks) => scripts::extend_acked(con, keys, keys.owner(), lease, acks)
-                .map(|(ours, acked)| (ours, Some(acked))),
-            None => scripts::extend(con, keys, keys.owner(), lease).map(|ours| (ours, None)),
-        })
+    /// grant is ours, and with acks how many replicas acknowledged. A reply that has not come
+    /// by `deadline` (the caller's, if it has one) is a timeout.
+    fn confirm(
+        &self,
+        keys: &LockKeys,
+        lease: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<(bool, Option<u32>)> {
+        // Before a deadline, the WAIT ends in three quarters of the time left (never 0 ms,
+        // which would block for good), as a renewal's does in its budget: too few
+        // acknowledgements by then is `NotReplicated`, not a reply cut off by the deadline.
+        let acks = self.config.replica_acks.map(|acks| match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let timeout = acks
+                    .timeout
+                    .min(left - left / 4)
+                    .max(Duration::from_millis(1));
+                scripts::ReplicaAcks { timeout, ..acks }
+            }
+            None => acks,
+        });
+        self.router
+            .run_until(keys.lock(), deadline, |con, _| match acks {
+                Some(acks) => scripts::extend_acked(con, keys, keys.owner(), lease, acks)
+                    .map(|(ours, acked)| (ours, Some(acked))),
+                None => scripts::extend(con, keys, keys.owner(), lease).map(|ours| (ours, None)),
+            })
     }
 
     /// See [`Engine::acquire_shared`](crate::engine::Engine::acquire_shared).

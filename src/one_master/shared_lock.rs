@@ -87,7 +87,7 @@ impl Call<'_> {
         let hold = self.keys.hold(&m.owners.next_id(), self.access.kind());
         let sent = Instant::now();
         match self.attempt(m, &hold, JoinQueue::Never, None)? {
-            Acquired::Granted(token) => match self.accept(m, hold, token, sent, None)? {
+            Acquired::Granted(token) => match self.accept(m, hold, token, sent, None, None)? {
                 Turn::Granted(grant) => Ok(Some(grant)),
                 Turn::Deadline | Turn::TooLate => Ok(None),
             },
@@ -120,7 +120,7 @@ impl Call<'_> {
             // Our next waiter asks at once: a permit may be free for it, a reader may hold
             // beside this grant, and a writer takes its place in Redis' queue.
             m.waiters.wake_head(keys.tag());
-            return self.accept(m, hold, token, sent, handoff);
+            return self.accept(m, hold, token, sent, handoff, deadline);
         }
         // Leaving without a grant; a handoff may have reached us all the same.
         let earliest = ticket.since();
@@ -128,7 +128,7 @@ impl Call<'_> {
         if let (Some(wake), Ok(None)) = (late, &found) {
             if let Some((token, since, handoff)) = handed(wake, earliest) {
                 // Granted before we gave up: better taken than handed on.
-                return self.accept(m, hold, token, since, handoff);
+                return self.accept(m, hold, token, since, handoff, deadline);
             }
         }
         if !in_redis_queue {
@@ -138,27 +138,23 @@ impl Call<'_> {
             // Redis did not answer: leaving here would wait for it again, past the caller's
             // timeout. The background thread leaves for us; until it gets through, a grant
             // handed to us meanwhile stays held until its lease runs out.
-            let keys = keys.clone();
-            super::release::later(m, move |m| {
-                if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
-                    log::warn!(
-                        "fencelock: leaving the queue of {} {:?} failed: {e}",
-                        keys.what(),
-                        keys.name()
-                    );
-                }
-            });
+            leave_later(m, keys, hold);
             return found.map(|_| Turn::Deadline);
         }
         // Out of Redis' queue, so no handoff is wasted on us; one that already reached us is
-        // passed on. On failure the entry expires by itself, and a grant handed to us with it.
+        // passed on. Past a deadline, Redis gets a little while to answer (it may have stopped
+        // while we waited); then the background thread tries again, as for a lock, since an
+        // entry left behind stays owed what frees up until it runs out. On other failures the
+        // entry expires by itself, and a grant handed to us with it.
         let until = deadline.is_some().then(|| Instant::now() + LEAVE_PATIENCE);
-        if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
-            log::warn!(
+        match hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
+            Ok(_) => {}
+            Err(e) if until.is_some() && e.is_connection() => leave_later(m, keys, hold),
+            Err(e) => log::warn!(
                 "fencelock: leaving the queue of {} {:?} failed: {e}",
                 keys.what(),
                 keys.name()
-            );
+            ),
         }
         found.map(|_| Turn::Deadline)
     }
@@ -238,7 +234,10 @@ impl Call<'_> {
     /// some moment after `sent`, an attempt's after `sent` too; if half of it may be gone, one
     /// extend confirms it first, so that the grant starts out held and loss is never reported
     /// for a grant still ours. One whose lease ran out by that count before we heard of it is
-    /// given back, never handed out: Redis may have granted it to a rival since.
+    /// given back, never handed out: Redis may have granted it to a rival since. Neither the
+    /// confirmation nor the give-back holds the caller past `deadline` (its own, if it has
+    /// one): what Redis has not answered by then is a timeout, and the give-back goes on in the
+    /// background, as a waiter's leaving does.
     fn accept(
         self,
         m: &Arc<OneMaster>,
@@ -246,6 +245,7 @@ impl Call<'_> {
         token: FencingToken,
         sent: Instant,
         handoff: Option<(Duration, How)>,
+        deadline: Option<Instant>,
     ) -> Result<Turn> {
         let (keys, lease) = (self.keys, self.lease);
         let acks = m.config.replica_acks;
@@ -263,7 +263,7 @@ impl Call<'_> {
         // The confirmation's own reply may be as late: the lease must not have run out by our
         // count before we heard that it was set.
         let confirmed = m
-            .confirm(&hold, lease)
+            .confirm(&hold, lease, deadline)
             .map(|(ours, acked)| (ours && sent.elapsed() < lease, acked));
         if let Ok((true, acked)) = confirmed {
             let grant = self.hold(m, hold, token, sent, lease);
@@ -282,14 +282,18 @@ impl Call<'_> {
             };
         }
         // Not ours any more, or not known: give it back in our name (it is passed on if still
-        // ours), which also wakes our next waiter.
-        if let Err(e) = hand_over(m, keys, &hold, Leaving::QueueAndLock, None) {
-            log::warn!(
+        // ours), which also wakes our next waiter. Past a deadline, Redis gets a little while
+        // to answer, then the background thread tries again.
+        let until = deadline.map(|_| Instant::now() + LEAVE_PATIENCE);
+        match hand_over(m, keys, &hold, Leaving::QueueAndLock, until) {
+            Ok(_) => {}
+            Err(e) if until.is_some() && e.is_connection() => leave_later(m, keys, hold),
+            Err(e) => log::warn!(
                 "fencelock: giving back an unconfirmed grant of {} {:?} failed, it expires \
                  with its lease: {e}",
                 keys.what(),
                 keys.name()
-            );
+            ),
         }
         confirmed.map(drop)?;
         log::debug!(
@@ -520,6 +524,23 @@ pub(super) fn release_detached(
     }
     // `release` logs what failed.
     let _ = release(m, keys, grant, was_held);
+}
+
+/// Takes `hold`'s owner out of Redis' queue, and gives back a grant that reached it, from the
+/// background thread (`release.rs`): for a waiter that gave up, or a grant it will not use,
+/// while Redis did not answer. Failures are logged; what it cannot do runs out by itself.
+fn leave_later(m: &Arc<OneMaster>, keys: &SharedLockKeys, hold: LockKeys) {
+    let keys = keys.clone();
+    super::release::later(m, move |m| {
+        if let Err(e) = hand_over(m, &keys, &hold, Leaving::QueueAndLock, None) {
+            log::warn!(
+                "fencelock: leaving the queue of {} {:?} failed, its entry and a grant handed \
+                 to it expire by themselves: {e}",
+                keys.what(),
+                keys.name()
+            );
+        }
+    });
 }
 
 /// Runs the release script for `hold`'s owner, and tells our waiters it admitted. Returns what

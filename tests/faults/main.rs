@@ -9,10 +9,13 @@ mod support;
 
 mod clock;
 mod crash;
+mod late_confirm;
+mod late_contention;
 mod late_grant;
 mod network;
 mod pause;
 mod replies;
 mod restart;
+mod stale_entry;
 mod unreachable;
 mod unreachable_edges;
