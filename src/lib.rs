@@ -428,9 +428,7 @@
 //! [metrics.md]: https://github.com/fencelock/fencelock/blob/main/docs/metrics.md
 //! [tls.md]: https://github.com/fencelock/fencelock/blob/main/docs/tls.md
 
-// One `unsafe` block in the whole library, allowed where it is: the `poll` over a quorum's
-// connections (src/quorum/lanes.rs), which std has no safe form of.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(

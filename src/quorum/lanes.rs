@@ -24,12 +24,12 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use redis::{Script, Value};
+use rustix::event::{self, PollFd, PollFlags, Timespec};
 
 use super::masters::{Masters, Reply, Request, STALL};
 use super::Next;
@@ -289,8 +289,7 @@ pub(crate) struct Round<'a> {
     ready: VecDeque<Reply>,
     /// The channel of the requests handed to workers, made at the first.
     worker: Option<(Sender<Reply>, Receiver<Reply>)>,
-    fds: Vec<libc::pollfd>,
-    /// The master of each of `fds`.
+    /// The masters whose lanes have a reply due, polled in `wait`.
     fd_master: Vec<usize>,
 }
 
@@ -307,7 +306,6 @@ impl<'a> Round<'a> {
             tag: 0,
             ready: VecDeque::new(),
             worker: None,
-            fds: Vec::with_capacity(n),
             fd_master: Vec::with_capacity(n),
         }
     }
@@ -569,15 +567,9 @@ impl<'a> Round<'a> {
     /// Waits up to `timeout` for something to read on a lane (or for a worker's reply: looked
     /// at every millisecond while one is awaited), and reads it.
     fn wait(&mut self, timeout: Duration) {
-        self.fds.clear();
         self.fd_master.clear();
         for (m, lane) in self.lanes.iter().enumerate() {
-            if let Some(lane) = lane.as_ref().filter(|lane| !lane.due.is_empty()) {
-                self.fds.push(libc::pollfd {
-                    fd: lane.stream.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
+            if lane.as_ref().is_some_and(|lane| !lane.due.is_empty()) {
                 self.fd_master.push(m);
             }
         }
@@ -587,7 +579,7 @@ impl<'a> Round<'a> {
         } else {
             timeout
         };
-        if self.fds.is_empty() {
+        if self.fd_master.is_empty() {
             if let (true, Some((_, rx))) = (by_worker, self.worker.as_ref()) {
                 if let Ok(reply) = rx.recv_timeout(timeout) {
                     if reply.tag == self.tag {
@@ -599,29 +591,25 @@ impl<'a> Round<'a> {
             }
             return;
         }
-        let spec = libc::timespec {
-            tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::from(i32::try_from(timeout.subsec_nanos()).unwrap_or(0)),
-        };
-        // SAFETY: `fds` is a live, writable array of `fds.len()` pollfd structs, `spec` a live
-        // timespec, and no signal mask is passed.
-        #[allow(unsafe_code)]
-        let ready = unsafe {
-            libc::ppoll(
-                self.fds.as_mut_ptr(),
-                self.fds.len() as libc::nfds_t,
-                &spec,
-                std::ptr::null(),
-            )
-        };
-        if ready <= 0 {
+        // The poll set borrows the lanes' sockets, so it is made for each wait (a handful of
+        // entries); after it, `fd_master` keeps only the masters with something to read.
+        let (lanes, fd_master) = (&self.lanes, &mut self.fd_master);
+        let mut fds: Vec<PollFd<'_>> = fd_master
+            .iter()
+            .filter_map(|&m| lanes[m].as_ref())
+            .map(|lane| PollFd::new(&lane.stream, PollFlags::IN))
+            .collect();
+        // A wait past a minute is cut there: the caller looks at the clock and waits again.
+        let spec = Timespec::try_from(timeout.min(Duration::from_secs(60))).ok();
+        if !matches!(event::poll(&mut fds, spec.as_ref()), Ok(n) if n > 0) {
             // Timed out, or a signal: the caller looks at the clock.
             return;
         }
-        for i in 0..self.fds.len() {
-            if self.fds[i].revents != 0 {
-                self.read(self.fd_master[i]);
-            }
+        let mut revents = fds.iter().map(|fd| fd.revents());
+        fd_master.retain(|_| revents.next().is_some_and(|r| !r.is_empty()));
+        drop(fds);
+        for i in 0..self.fd_master.len() {
+            self.read(self.fd_master[i]);
         }
     }
 }
