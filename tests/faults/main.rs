@@ -9,6 +9,7 @@ mod support;
 
 mod clock;
 mod crash;
+mod late_grant;
 mod network;
 mod pause;
 mod replies;
