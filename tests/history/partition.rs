@@ -19,6 +19,10 @@
 //!   holders at once, which the checker reports) and `FencedRedis` refuses the old holder's
 //!   write; with it, the old holder loses its lock within about a lease and the isolated master
 //!   grants nothing.
+//! - Cluster (`partition_cluster.rs`): the master of the lock's slot and one client cut from the
+//!   other masters, the replicas and the other client. The old master stops taking writes once
+//!   it sees itself in the minority, and the old holder learns of its loss before the replica
+//!   that takes over grants the lock; with `min_replica_acks`, within about a lease.
 //!
 //! `FENCELOCK_HISTORY_DIR` keeps the histories (in a directory per test and seed);
 //! `FENCELOCK_HISTORY_SECS` and `FENCELOCK_HISTORY_SEED` lengthen and repeat the partitioned
@@ -39,6 +43,10 @@ use super::recorder::{monotonic_ns, outcome_of, Event, Recorder, Type};
 use super::support::netns::{Network, Node, NsRedis};
 use super::support::{self, ms, unique_temp_dir, Rng, NAMESPACE};
 use super::{check, counter_key, key_name, Store, Verdict, Worker, KEYS, LEASE_MS, PROCESSES};
+
+// A Cluster master cut from the others.
+#[path = "partition_cluster.rs"]
+mod cluster;
 
 const AGENT_ENV: &str = "FENCELOCK_PARTITION_AGENT";
 /// How much later than the event itself an agent may stamp a loss (its watcher woken late by a
