@@ -977,6 +977,13 @@ struct Partitioned {
 /// each worker process in its own node; the nemesis cuts a worker that just read a counter from
 /// the lock's server (not from the counters') for four leases.
 fn run_partitioned_set(store: Store) -> Partitioned {
+    run_partitioned_set_on(store, 1)
+}
+
+/// [`run_partitioned_set`] on `masters` lock servers: one (`lock`), or a quorum (`m0`, `m1`,
+/// ...), where each cut separates the worker from a majority of the masters, other ones each
+/// time.
+fn run_partitioned_set_on(store: Store, masters: usize) -> Partitioned {
     assert!(
         store != Store::Postgres,
         "the counters live on a redis-server of the network"
@@ -990,13 +997,28 @@ fn run_partitioned_set(store: Store) -> Partitioned {
         .ok()
         .map(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hexadecimal"))
         .unwrap_or_else(|| monotonic_ns() | 1);
-    let mut names = vec!["lock".to_owned(), "store".to_owned()];
+    let lock_names: Vec<String> = if masters == 1 {
+        vec!["lock".to_owned()]
+    } else {
+        (0..masters).map(|m| format!("m{m}")).collect()
+    };
+    let mut names = lock_names.clone();
+    names.push("store".to_owned());
     names.extend((0..PROCESSES).map(|i| format!("c{i}")));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let network = Network::new(&names);
-    let lock = NsRedis::start(&network, network.node("lock"), &[]);
+    let locks: Vec<NsRedis> = lock_names
+        .iter()
+        .map(|n| NsRedis::start(&network, network.node(n), &[]))
+        .collect();
+    let lock_url = if masters == 1 {
+        locks[0].url()
+    } else {
+        let hosts: Vec<String> = locks.iter().map(NsRedis::host).collect();
+        format!("redis+quorum://{}", hosts.join(","))
+    };
     let data = NsRedis::start(&network, network.node("store"), &[]);
-    let history = History::new(&format!("set-{}", store.name()));
+    let history = History::new(&format!("set-{}-{masters}", store.name()));
     println!(
         "partitioned locked set through {}: {secs_run} s, seed {seed:x}, history in {}",
         store.name(),
@@ -1032,7 +1054,7 @@ fn run_partitioned_set(store: Store) -> Partitioned {
     read_counters();
 
     let env: Vec<(&str, String)> = vec![
-        ("REDIS_URL", lock.url()),
+        ("REDIS_URL", lock_url),
         ("FENCELOCK_HISTORY_STORE_URL", data.url()),
         ("FENCELOCK_HISTORY_STORE", store.name().to_owned()),
         (
@@ -1067,13 +1089,26 @@ fn run_partitioned_set(store: Store) -> Partitioned {
             continue;
         };
         let node = network.node(&format!("c{target}"));
+        // One server: that server. A quorum: a majority of the masters, from `cuts` on.
+        let cut_from: Vec<&Node> = if masters == 1 {
+            vec![locks[0].node()]
+        } else {
+            (0..masters / 2 + 1)
+                .map(|k| locks[(cuts as usize + k) % masters].node())
+                .collect()
+        };
+        let whom: Vec<&str> = cut_from.iter().map(|n| n.name.as_str()).collect();
         history.partition(
-            &format!("worker {target} from the lock's server"),
+            &format!("worker {target} from {}", whom.join(", ")),
             lease * 4,
         );
-        network.cut(node, lock.node());
+        for from in &cut_from {
+            network.cut(node, from);
+        }
         thread::sleep(lease * 4);
-        network.heal(node, lock.node());
+        for from in &cut_from {
+            network.heal(node, from);
+        }
         history.healed();
         cuts += 1;
     }
@@ -1145,6 +1180,30 @@ fn partitioned_set_without_a_fence_loses_updates() {
 #[test]
 fn partitioned_set_through_fenced_redis_loses_no_update() {
     let run = run_partitioned_set(Store::FencedRedis);
+    assert_busy(&run);
+    assert_eq!(run.verdict.code, 0, "{}", run.verdict.output);
+}
+
+/// A quorum of five: a holder cut from three masters loses its lock (its renewals reach two);
+/// without a fence its late write-back loses updates.
+#[test]
+fn quorum_partitioned_set_without_a_fence_loses_updates() {
+    let run = run_partitioned_set_on(Store::Unfenced, 5);
+    let v = &run.verdict;
+    assert_busy(&run);
+    assert_eq!(v.count("mutex_violations"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
+    assert!(
+        v.count("lost_updates") >= 1,
+        "no update lost without a fence under {} partitions: the nemesis did not bite\n{}",
+        run.cuts,
+        v.output
+    );
+}
+
+#[test]
+fn quorum_partitioned_set_through_fenced_redis_loses_no_update() {
+    let run = run_partitioned_set_on(Store::FencedRedis, 5);
     assert_busy(&run);
     assert_eq!(run.verdict.code, 0, "{}", run.verdict.output);
 }
