@@ -860,9 +860,11 @@ fn clock_faults_on_a_quorum_minority_can_break_exclusion_the_fence_keeps_the_dat
 }
 
 /// Clocks stepped back or running slow on a majority of the masters: leases last longer by the
-/// servers' clocks, which costs liveness only. Nothing breaks, even without a fence.
+/// servers' clocks, which costs liveness only. The lock never overlaps and tokens rise, even with
+/// the unfenced store (whose losses, if a loaded machine delays a renewal past its lease, are
+/// counted, not asserted: they say nothing about the clocks).
 #[test]
-fn slow_and_backward_clocks_on_a_quorum_majority_break_nothing_even_without_a_fence() {
+fn slow_and_backward_clocks_on_a_quorum_majority_break_nothing() {
     let run = run(
         Deployment::Quorum { clocked: 3 },
         Store::Unfenced,
@@ -870,7 +872,11 @@ fn slow_and_backward_clocks_on_a_quorum_majority_break_nothing_even_without_a_fe
         env_secs(SHORT_SECS),
         3,
     );
-    assert_clean(&run);
+    assert_busy(&run);
+    assert!(run.faults >= 1, "no fault:\n{}", run.verdict.output);
+    let v = &run.verdict;
+    assert_eq!(v.count("mutex_violations"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
 }
 
 #[test]
@@ -923,6 +929,9 @@ fn quorum_master_wipes_break_nothing() {
     assert_clean(&run);
 }
 
+/// The fence keeps the data. The lock's own record is not asserted here: a process frozen
+/// between Redis' grant and its reading of the reply gets a grant whose lease ran out, which the
+/// checker counts as an overlap (`faults::late_grant` shows it deterministically).
 #[test]
 fn short_client_pauses_through_fenced_redis_lose_nothing() {
     let run = run(
@@ -932,9 +941,10 @@ fn short_client_pauses_through_fenced_redis_lose_nothing() {
         env_secs(SHORT_SECS),
         3,
     );
-    assert_fence_holds(&run);
+    assert_busy(&run);
+    assert!(run.faults >= 1, "no pause:\n{}", run.verdict.output);
     assert_eq!(
-        run.verdict.count("mutex_violations"),
+        run.verdict.count("lost_updates"),
         0,
         "{}",
         run.verdict.output
