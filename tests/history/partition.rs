@@ -9,7 +9,9 @@
 //!   fired) before a client still reaching the server is granted the lock.
 //! - One server, the locked-set workload: a nemesis cuts a holder from the lock's server (not
 //!   from the counters' server) right after it read its counter, for four leases. Without a
-//!   fence its write-back loses updates (the canary); through `FencedRedis` none is lost.
+//!   fence its write-back loses updates (the canary); through `FencedRedis` none is lost. The
+//!   same on a quorum of five (the holder cut from three masters) and on Sentinel (cut from
+//!   the master, the sentinels in reach).
 //! - A quorum of five masters: a split into a majority and a minority side. Clients on the
 //!   minority side cannot lock, those on the majority side can; a hold on the minority side is
 //!   reported lost within about a lease; tokens rise. Two rounds, each with other masters on
