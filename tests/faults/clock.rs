@@ -99,3 +99,37 @@ fn a_backward_clock_step_keeps_a_dead_holders_lock_and_tokens_still_rise() {
         .unwrap();
     assert!(again.token() > token);
 }
+
+#[test]
+fn a_skewed_server_clock_runs_fast_or_slow_without_jumping() {
+    use crate::support::clock::ServerClock;
+    let stepped = SteppedServer::start_with(&[]);
+    let clock: &ServerClock = &stepped.clock;
+    // Four times fast: over a measured stretch of real time, the server's clock moves about four
+    // times as far (loose bounds: the two TIME calls' own latencies fall inside the stretch).
+    let measure = |clock_rate: f64| {
+        clock.set_rate(clock_rate);
+        let (before, started) = (stepped.time_us(), Instant::now());
+        std::thread::sleep(Duration::from_millis(500));
+        let (after, real) = (stepped.time_us(), started.elapsed());
+        (after as f64 - before as f64) / real.as_micros() as f64
+    };
+    let fast = measure(4.0);
+    assert!((3.0..=5.0).contains(&fast), "4x fast ran at {fast:.2}x");
+    // Back to the true rate: no jump at the switch, the clock is ahead by what it gained.
+    let ahead_before = clock.ahead_ns();
+    let normal = measure(1.0);
+    assert!(
+        (0.8..=1.25).contains(&normal),
+        "true rate ran at {normal:.2}x"
+    );
+    assert!(
+        (clock.ahead_ns() - ahead_before).abs() < 5_000_000,
+        "the clock moved at the true rate"
+    );
+    let slow = measure(0.25);
+    assert!(
+        (0.1..=0.4).contains(&slow),
+        "quarter rate ran at {slow:.2}x"
+    );
+}

@@ -39,6 +39,11 @@ mod partition;
 
 mod models;
 mod shared;
+// The locked set on every deployment under clock faults, crashes and client faults.
+mod deployments;
+// A holder's CPU throttled by a cgroup quota: root, so under the same feature.
+#[cfg(all(target_os = "linux", feature = "partition-tests"))]
+mod throttle;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -9,7 +9,9 @@
 //!   fired) before a client still reaching the server is granted the lock.
 //! - One server, the locked-set workload: a nemesis cuts a holder from the lock's server (not
 //!   from the counters' server) right after it read its counter, for four leases. Without a
-//!   fence its write-back loses updates (the canary); through `FencedRedis` none is lost.
+//!   fence its write-back loses updates (the canary); through `FencedRedis` none is lost. The
+//!   same on a quorum of five (the holder cut from three masters) and on Sentinel (cut from
+//!   the master, the sentinels in reach).
 //! - A quorum of five masters: a split into a majority and a minority side. Clients on the
 //!   minority side cannot lock, those on the majority side can; a hold on the minority side is
 //!   reported lost within about a lease; tokens rise. Two rounds, each with other masters on
@@ -19,6 +21,10 @@
 //!   holders at once, which the checker reports) and `FencedRedis` refuses the old holder's
 //!   write; with it, the old holder loses its lock within about a lease and the isolated master
 //!   grants nothing.
+//! - Cluster (`partition_cluster.rs`): the master of the lock's slot and one client cut from the
+//!   other masters, the replicas and the other client. The old master stops taking writes once
+//!   it sees itself in the minority, and the old holder learns of its loss before the replica
+//!   that takes over grants the lock; with `min_replica_acks`, within about a lease.
 //!
 //! `FENCELOCK_HISTORY_DIR` keeps the histories (in a directory per test and seed);
 //! `FENCELOCK_HISTORY_SECS` and `FENCELOCK_HISTORY_SEED` lengthen and repeat the partitioned
@@ -39,6 +45,10 @@ use super::recorder::{monotonic_ns, outcome_of, Event, Recorder, Type};
 use super::support::netns::{Network, Node, NsRedis};
 use super::support::{self, ms, unique_temp_dir, Rng, NAMESPACE};
 use super::{check, counter_key, key_name, Store, Verdict, Worker, KEYS, LEASE_MS, PROCESSES};
+
+// A Cluster master cut from the others.
+#[path = "partition_cluster.rs"]
+mod cluster;
 
 const AGENT_ENV: &str = "FENCELOCK_PARTITION_AGENT";
 /// How much later than the event itself an agent may stamp a loss (its watcher woken late by a
@@ -744,20 +754,15 @@ struct SentinelRun {
     _history: History,
 }
 
-/// A master `m`, replicas `r1` and `r2`, sentinels `s1`..`s3` (quorum 2, down after 1 s), and
-/// a `FencedRedis` store on a server of its own. Client `old` takes `k` and increments its
-/// counter; then `m` and `old` are cut from everyone else (the store excepted). The sentinels
-/// promote a replica; client `new` takes `k` there and increments; `old` increments again and
-/// tries a fresh key on `m`. `acks`: the clients' `min_replica_acks`.
-fn run_sentinel_partition(acks: Option<(u32, u64)>) -> SentinelRun {
-    let lease = ms(600);
-    let names = ["m", "r1", "r2", "s1", "s2", "s3", "store", "old", "new"];
-    let network = Network::new(&names);
+/// A Sentinel set in the nodes `m` (the master), `r1`, `r2` (replicas) and `s1`..`s3`
+/// (sentinels: quorum 2, down after 1 s), returned once the replicas are online and every
+/// sentinel sees them and the others.
+fn start_sentinel_set(network: &Network) -> (NsRedis, [NsRedis; 2], Vec<NsRedis>) {
     let node = |n: &str| network.node(n);
-    let master = NsRedis::start(&network, node("m"), &["--repl-diskless-sync-delay", "0"]);
+    let master = NsRedis::start(network, node("m"), &["--repl-diskless-sync-delay", "0"]);
     let replicas = [
-        NsRedis::start_replica(&network, node("r1"), &master),
-        NsRedis::start_replica(&network, node("r2"), &master),
+        NsRedis::start_replica(network, node("r1"), &master),
+        NsRedis::start_replica(network, node("r2"), &master),
     ];
     support::poll_until(Duration::from_secs(20), ms(50), || {
         let info: String = redis::cmd("INFO")
@@ -775,7 +780,7 @@ fn run_sentinel_partition(acks: Option<(u32, u64)>) -> SentinelRun {
     );
     let sentinels: Vec<NsRedis> = ["s1", "s2", "s3"]
         .iter()
-        .map(|s| NsRedis::start_sentinel(&network, node(s), &master, MASTER_NAME, 2, &config))
+        .map(|s| NsRedis::start_sentinel(network, node(s), &master, MASTER_NAME, 2, &config))
         .collect();
     for sentinel in &sentinels {
         support::poll_until(Duration::from_secs(30), ms(50), || {
@@ -799,6 +804,20 @@ fn run_sentinel_partition(acks: Option<(u32, u64)>) -> SentinelRun {
         })
         .unwrap_or_else(|why| panic!("a sentinel did not see the set: {why}"));
     }
+    (master, replicas, sentinels)
+}
+
+/// A master `m`, replicas `r1` and `r2`, sentinels `s1`..`s3` (quorum 2, down after 1 s), and
+/// a `FencedRedis` store on a server of its own. Client `old` takes `k` and increments its
+/// counter; then `m` and `old` are cut from everyone else (the store excepted). The sentinels
+/// promote a replica; client `new` takes `k` there and increments; `old` increments again and
+/// tries a fresh key on `m`. `acks`: the clients' `min_replica_acks`.
+fn run_sentinel_partition(acks: Option<(u32, u64)>) -> SentinelRun {
+    let lease = ms(600);
+    let names = ["m", "r1", "r2", "s1", "s2", "s3", "store", "old", "new"];
+    let network = Network::new(&names);
+    let node = |n: &str| network.node(n);
+    let (_master, replicas, sentinels) = start_sentinel_set(&network);
     let store = NsRedis::start(&network, node("store"), &[]);
     let url = format!(
         "redis+sentinel://{}/{MASTER_NAME}",
@@ -969,6 +988,23 @@ struct Partitioned {
 /// each worker process in its own node; the nemesis cuts a worker that just read a counter from
 /// the lock's server (not from the counters') for four leases.
 fn run_partitioned_set(store: Store) -> Partitioned {
+    run_partitioned_set_on(store, SetLocks::One)
+}
+
+/// Where the partitioned set's locks live, and whom a cut separates the worker from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SetLocks {
+    /// One server (`lock`): from it.
+    One,
+    /// A quorum of five (`m0`..`m4`): from a majority of the masters, other ones each time.
+    Quorum,
+    /// Sentinel (`m`, replicas `r1`, `r2`, sentinels `s1`..`s3`): from the master, the sentinels
+    /// still in reach (so no failover).
+    Sentinel,
+}
+
+/// [`run_partitioned_set`] on the lock servers `locks` says.
+fn run_partitioned_set_on(store: Store, locks: SetLocks) -> Partitioned {
     assert!(
         store != Store::Postgres,
         "the counters live on a redis-server of the network"
@@ -982,13 +1018,45 @@ fn run_partitioned_set(store: Store) -> Partitioned {
         .ok()
         .map(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hexadecimal"))
         .unwrap_or_else(|| monotonic_ns() | 1);
-    let mut names = vec!["lock".to_owned(), "store".to_owned()];
+    let lock_names: Vec<String> = match locks {
+        SetLocks::One => vec!["lock".to_owned()],
+        SetLocks::Quorum => (0..5).map(|m| format!("m{m}")).collect(),
+        SetLocks::Sentinel => ["m", "r1", "r2", "s1", "s2", "s3"]
+            .map(str::to_owned)
+            .to_vec(),
+    };
+    let mut names = lock_names.clone();
+    names.push("store".to_owned());
     names.extend((0..PROCESSES).map(|i| format!("c{i}")));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let network = Network::new(&names);
-    let lock = NsRedis::start(&network, network.node("lock"), &[]);
+    // The servers a cut separates a worker from (the masters), and the others of the set.
+    let mut masters: Vec<NsRedis> = Vec::new();
+    let mut others: Vec<NsRedis> = Vec::new();
+    let lock_url = match locks {
+        SetLocks::One | SetLocks::Quorum => {
+            masters = lock_names
+                .iter()
+                .map(|n| NsRedis::start(&network, network.node(n), &[]))
+                .collect();
+            let hosts: Vec<String> = masters.iter().map(NsRedis::host).collect();
+            if locks == SetLocks::One {
+                masters[0].url()
+            } else {
+                format!("redis+quorum://{}", hosts.join(","))
+            }
+        }
+        SetLocks::Sentinel => {
+            let (master, replicas, sentinels) = start_sentinel_set(&network);
+            let hosts: Vec<String> = sentinels.iter().map(NsRedis::host).collect();
+            masters.push(master);
+            others.extend(replicas);
+            others.extend(sentinels);
+            format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+        }
+    };
     let data = NsRedis::start(&network, network.node("store"), &[]);
-    let history = History::new(&format!("set-{}", store.name()));
+    let history = History::new(&format!("set-{}-{locks:?}", store.name()));
     println!(
         "partitioned locked set through {}: {secs_run} s, seed {seed:x}, history in {}",
         store.name(),
@@ -1024,7 +1092,7 @@ fn run_partitioned_set(store: Store) -> Partitioned {
     read_counters();
 
     let env: Vec<(&str, String)> = vec![
-        ("REDIS_URL", lock.url()),
+        ("REDIS_URL", lock_url),
         ("FENCELOCK_HISTORY_STORE_URL", data.url()),
         ("FENCELOCK_HISTORY_STORE", store.name().to_owned()),
         (
@@ -1059,13 +1127,26 @@ fn run_partitioned_set(store: Store) -> Partitioned {
             continue;
         };
         let node = network.node(&format!("c{target}"));
+        // One server, Sentinel: the master. A quorum: a majority of the masters, from `cuts` on.
+        let cut_from: Vec<&Node> = if locks == SetLocks::Quorum {
+            (0..masters.len() / 2 + 1)
+                .map(|k| masters[(cuts as usize + k) % masters.len()].node())
+                .collect()
+        } else {
+            vec![masters[0].node()]
+        };
+        let whom: Vec<&str> = cut_from.iter().map(|n| n.name.as_str()).collect();
         history.partition(
-            &format!("worker {target} from the lock's server"),
+            &format!("worker {target} from {}", whom.join(", ")),
             lease * 4,
         );
-        network.cut(node, lock.node());
+        for from in &cut_from {
+            network.cut(node, from);
+        }
         thread::sleep(lease * 4);
-        network.heal(node, lock.node());
+        for from in &cut_from {
+            network.heal(node, from);
+        }
         history.healed();
         cuts += 1;
     }
@@ -1137,6 +1218,54 @@ fn partitioned_set_without_a_fence_loses_updates() {
 #[test]
 fn partitioned_set_through_fenced_redis_loses_no_update() {
     let run = run_partitioned_set(Store::FencedRedis);
+    assert_busy(&run);
+    assert_eq!(run.verdict.code, 0, "{}", run.verdict.output);
+}
+
+/// A quorum of five: a holder cut from three masters loses its lock (its renewals reach two);
+/// without a fence its late write-back loses updates.
+#[test]
+fn quorum_partitioned_set_without_a_fence_loses_updates() {
+    let run = run_partitioned_set_on(Store::Unfenced, SetLocks::Quorum);
+    let v = &run.verdict;
+    assert_busy(&run);
+    assert_eq!(v.count("mutex_violations"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
+    assert!(
+        v.count("lost_updates") >= 1,
+        "no update lost without a fence under {} partitions: the nemesis did not bite\n{}",
+        run.cuts,
+        v.output
+    );
+}
+
+#[test]
+fn quorum_partitioned_set_through_fenced_redis_loses_no_update() {
+    let run = run_partitioned_set_on(Store::FencedRedis, SetLocks::Quorum);
+    assert_busy(&run);
+    assert_eq!(run.verdict.code, 0, "{}", run.verdict.output);
+}
+
+/// Sentinel: a holder cut from the master (not from the sentinels, so nothing fails over) loses
+/// its lock; without a fence its late write-back loses updates.
+#[test]
+fn sentinel_partitioned_set_without_a_fence_loses_updates() {
+    let run = run_partitioned_set_on(Store::Unfenced, SetLocks::Sentinel);
+    let v = &run.verdict;
+    assert_busy(&run);
+    assert_eq!(v.count("mutex_violations"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
+    assert!(
+        v.count("lost_updates") >= 1,
+        "no update lost without a fence under {} partitions: the nemesis did not bite\n{}",
+        run.cuts,
+        v.output
+    );
+}
+
+#[test]
+fn sentinel_partitioned_set_through_fenced_redis_loses_no_update() {
+    let run = run_partitioned_set_on(Store::FencedRedis, SetLocks::Sentinel);
     assert_busy(&run);
     assert_eq!(run.verdict.code, 0, "{}", run.verdict.output);
 }

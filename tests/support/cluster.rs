@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::clock::ServerClock;
 use super::{free_port, lock, read_from, RedisServer, ServerOptions};
 
 /// Hash slots of a Redis Cluster.
@@ -286,10 +287,12 @@ struct Node {
     id: String,
     /// Whether it is SIGSTOPped (by [`ClusterSet::pause`]).
     paused: AtomicBool,
+    /// Its wall clock, if it has one of its own (dropped after the server that reads it).
+    clock: Option<ServerClock>,
 }
 
 impl Node {
-    fn start(extra_args: &[&str]) -> Node {
+    fn start(extra_args: &[&str], clock: Option<ServerClock>) -> Node {
         let mut args: Vec<String> = [
             "--cluster-enabled",
             "yes",
@@ -307,6 +310,7 @@ impl Node {
         let server = RedisServer::start_as_with(
             &ServerOptions {
                 args,
+                env: clock.as_ref().map(ServerClock::env).unwrap_or_default(),
                 ..ServerOptions::default()
             },
             || {
@@ -331,6 +335,7 @@ impl Node {
             bus_port,
             id,
             paused: AtomicBool::new(false),
+            clock,
         }
     }
 
@@ -382,6 +387,25 @@ impl ClusterSet {
         replicas_per_master: usize,
         extra_args: &[&str],
     ) -> ClusterSet {
+        Self::start_as(masters, replicas_per_master, extra_args, false)
+    }
+
+    /// [`ClusterSet::start_with`], every node with a wall clock of its own that the test can
+    /// step and skew ([`ClusterSet::clock`]).
+    pub fn start_with_clocks(
+        masters: usize,
+        replicas_per_master: usize,
+        extra_args: &[&str],
+    ) -> ClusterSet {
+        Self::start_as(masters, replicas_per_master, extra_args, true)
+    }
+
+    fn start_as(
+        masters: usize,
+        replicas_per_master: usize,
+        extra_args: &[&str],
+        clocks: bool,
+    ) -> ClusterSet {
         assert!(
             (1..=usize::from(SLOTS)).contains(&masters),
             "a cluster needs 1 to {SLOTS} masters, not {masters}"
@@ -393,7 +417,8 @@ impl ClusterSet {
             migrations: Mutex::new(HashMap::new()),
         };
         for _ in 0..total {
-            set.nodes.push(Node::start(extra_args));
+            set.nodes
+                .push(Node::start(extra_args, clocks.then(ServerClock::new)));
         }
         set.must(&format!("set-up of {total} nodes"), || {
             for (i, node) in set.nodes.iter().enumerate() {
@@ -501,6 +526,13 @@ impl ClusterSet {
     /// Node `i`'s id (`CLUSTER MYID`, asked at the start: it never changes).
     pub fn node_id(&self, i: usize) -> String {
         self.nodes[i].id.clone()
+    }
+
+    /// Node `i`'s wall clock: see [`ClusterSet::start_with_clocks`].
+    pub fn clock(&self, i: usize) -> &ServerClock {
+        self.nodes[i].clock.as_ref().unwrap_or_else(|| {
+            panic!("node {i} has no clock of its own: start it with start_with_clocks")
+        })
     }
 
     /// Node `i` itself, to read its log or dir, say.

@@ -9,6 +9,8 @@
 //! `#[path = "../tests/support/mod.rs"] mod support;`, and by the benches with
 //! `#[path = "../../tests/support/mod.rs"] mod support;` (in `benches/locks/server.rs`).
 
+#[cfg(target_os = "linux")]
+pub mod cgroup;
 pub mod clock;
 pub mod cluster;
 pub mod faults;

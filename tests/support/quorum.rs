@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use fencelock::{Builder, LockClient, Topology};
 
-use super::{fence_key, lock_key, ms, RedisServer, NAMESPACE};
+use super::clock::ServerClock;
+use super::{fence_key, lock_key, ms, RedisServer, ServerOptions, NAMESPACE};
 
 /// How long a client waits for one master's reply. A frozen master counts as a refusal after
 /// this: short, so that a test with frozen masters moves on, and long enough for a master that
@@ -33,20 +34,49 @@ pub struct Quorum {
     /// The longest lease any client made through [`Quorum::builder`] (or noted with
     /// [`Quorum::note_lease`]) may hold, in ms: how long a wiped master stays down.
     longest_lease_ms: AtomicU64,
+    /// Each master's wall clock, when started with [`Quorum::start_with_clocks`]; dropped after
+    /// the servers that read them.
+    clocks: Vec<ServerClock>,
 }
 
 impl Quorum {
     /// `n` masters, each answering PING.
     pub fn start(n: usize) -> Quorum {
+        Self::start_as(n, Vec::new())
+    }
+
+    /// [`Quorum::start`], every master with a wall clock of its own that the test can step and
+    /// skew ([`Quorum::clock`]; a restarted master keeps it).
+    pub fn start_with_clocks(n: usize) -> Quorum {
+        Self::start_as(n, (0..n).map(|_| ServerClock::new()).collect())
+    }
+
+    fn start_as(n: usize, clocks: Vec<ServerClock>) -> Quorum {
         let servers: Vec<RedisServer> = (0..n)
-            .map(|_| RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]))
+            .map(|i| {
+                RedisServer::start_as(&ServerOptions {
+                    args: ["--appendonly", "yes", "--appendfsync", "always"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                    env: clocks.get(i).map(ServerClock::env).unwrap_or_default(),
+                    ..ServerOptions::default()
+                })
+            })
             .collect();
         Quorum {
             frozen: (0..n).map(|_| AtomicBool::new(false)).collect(),
             killed_at: vec![None; n],
             servers,
             longest_lease_ms: AtomicU64::new(0),
+            clocks,
         }
+    }
+
+    /// Master `i`'s wall clock: see [`Quorum::start_with_clocks`].
+    pub fn clock(&self, i: usize) -> &ServerClock {
+        self.clocks
+            .get(i)
+            .unwrap_or_else(|| panic!("master {i} has no clock of its own: start_with_clocks"))
     }
 
     pub fn len(&self) -> usize {

@@ -33,6 +33,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use super::clock::ServerClock;
 #[cfg(feature = "tls")]
 use super::tls::{Ca, CertFiles};
 use super::{
@@ -301,6 +302,9 @@ pub struct SentinelSet {
     /// The certificate files of a TLS set: dropped after every process that reads them.
     #[cfg(feature = "tls")]
     _cert_files: Option<CertFiles>,
+    /// Each data server's wall clock, by index, when started with
+    /// [`SentinelSetBuilder::clocks`]; dropped after the servers that read them.
+    clocks: Vec<ServerClock>,
 }
 
 /// How to start a [`SentinelSet`]: `SentinelSet::builder().replicas(1).data_password("pw")
@@ -313,6 +317,7 @@ pub struct SentinelSetBuilder {
     data_password: Option<String>,
     sentinel_password: Option<String>,
     tls: bool,
+    clocks: bool,
 }
 
 impl SentinelSetBuilder {
@@ -359,6 +364,13 @@ impl SentinelSetBuilder {
     #[cfg(feature = "tls")]
     pub fn tls(mut self) -> Self {
         self.tls = true;
+        self
+    }
+
+    /// Every data server gets a wall clock of its own that the test can step and skew
+    /// ([`SentinelSet::clock`]; a restarted server keeps it).
+    pub fn clocks(mut self) -> Self {
+        self.clocks = true;
         self
     }
 
@@ -457,12 +469,24 @@ impl SentinelSetBuilder {
             sentinel_access,
             #[cfg(feature = "tls")]
             _cert_files: cert_files,
+            clocks: Vec::new(),
         };
+        if self.clocks {
+            set.clocks = (0..=self.replicas).map(|_| ServerClock::new()).collect();
+        }
+        let options_of = |i: usize| match set.clocks.get(i) {
+            Some(clock) => ServerOptions {
+                env: clock.env(),
+                ..options.clone()
+            },
+            None => options.clone(),
+        };
+        let options: Vec<ServerOptions> = (0..=self.replicas).map(options_of).collect();
         // Built in place, so a panic half-way drops (kills) whatever was started already.
-        set.servers.push(RedisServer::start_as(&options));
+        set.servers.push(RedisServer::start_as(&options[0]));
         let master_port = set.servers[0].port();
-        for _ in 0..self.replicas {
-            let replica = RedisServer::start_as(&options);
+        for replica_options in &options[1..] {
+            let replica = RedisServer::start_as(replica_options);
             replica_of(&replica, master_port);
             set.servers.push(replica);
         }
@@ -568,6 +592,13 @@ impl SentinelSet {
     /// The data servers; index 0 was the master at the start.
     pub fn servers(&self) -> &[RedisServer] {
         &self.servers
+    }
+
+    /// Data server `i`'s wall clock: see [`SentinelSetBuilder::clocks`].
+    pub fn clock(&self, i: usize) -> &ServerClock {
+        self.clocks
+            .get(i)
+            .unwrap_or_else(|| panic!("server {i} has no clock of its own: build with clocks()"))
     }
 
     /// Data server `i`, to kill or restart it (see also [`SentinelSet::restart_server`]).
