@@ -56,9 +56,9 @@ fn throttled_holders_without_a_fence_lose_updates() {
     );
 }
 
-/// The fence keeps the data. The lock's own record is not asserted here: a process starved
-/// between Redis' grant and its reading of the reply returns a grant whose lease ran out, which
-/// the checker counts as an overlap and a token that goes back (`faults::late_grant`).
+/// The fence keeps the data, and the lock's record holds: a process starved between Redis'
+/// grant and its reading of the reply gives back a grant whose lease ran out
+/// (`faults::late_grant`).
 #[test]
 fn throttled_holders_through_fenced_redis_lose_nothing() {
     let run = run(
@@ -70,10 +70,10 @@ fn throttled_holders_through_fenced_redis_lose_nothing() {
     );
     assert_busy(&run);
     assert!(run.faults >= 1, "no throttle:\n{}", run.verdict.output);
-    assert_eq!(
-        run.verdict.count("lost_updates"),
-        0,
-        "{}",
-        run.verdict.output
-    );
+    let v = &run.verdict;
+    assert_eq!(v.count("lost_updates"), 0, "{}", v.output);
+    // A grant heard of after its lease ran out is given back, never returned: the lock's own
+    // record holds too.
+    assert_eq!(v.count("mutex_violations"), 0, "{}", v.output);
+    assert_eq!(v.count("token_regressions"), 0, "{}", v.output);
 }

@@ -25,6 +25,7 @@ fn a_short_soak_under_random_faults_keeps_every_promise() {
     let config = SoakConfig {
         duration: Duration::from_secs(12),
         fault_every: Duration::from_millis(800),
+        min_faults: 5,
         ..SoakConfig::one_server()
     };
     let report = run(&mut OneServer::start(), &config);
@@ -38,6 +39,7 @@ fn a_short_quorum_soak_under_random_faults_keeps_every_promise() {
     let config = SoakConfig {
         duration: Duration::from_secs(12),
         fault_every: Duration::from_millis(700),
+        min_faults: 5,
         ..SoakConfig::quorum()
     };
     let report = run(&mut QuorumOf::start(5), &config);
@@ -51,6 +53,7 @@ fn a_short_cluster_soak_under_random_faults_keeps_every_promise() {
     let config = SoakConfig {
         duration: Duration::from_secs(15),
         fault_every: Duration::from_millis(1_500),
+        min_faults: 5,
         ..SoakConfig::replicated()
     };
     let report = run(&mut ClusterOf::start(config.keys), &config);
@@ -64,6 +67,7 @@ fn a_short_sentinel_soak_with_failovers_keeps_tokens_rising_and_the_store_safe()
     let config = SoakConfig {
         duration: Duration::from_secs(15),
         fault_every: Duration::from_millis(1_500),
+        min_faults: 2,
         ..SoakConfig::replicated()
     };
     let report = run(&mut SentinelOf::start(true), &config);

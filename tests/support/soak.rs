@@ -54,6 +54,10 @@ pub struct SoakConfig {
     pub long_one_in: u64,
     /// Mean time between faults.
     pub fault_every: Duration,
+    /// The run goes on past `duration` (up to twice as long again) until this many faults were
+    /// injected: a fault can take seconds to settle (a failover), so a short run on a loaded
+    /// machine would otherwise inject too few to prove anything.
+    pub min_faults: u64,
     pub seed: u64,
 }
 
@@ -71,6 +75,7 @@ impl SoakConfig {
             // not the renewals', is what the soak is mostly about.
             long_one_in: 64,
             fault_every: Duration::from_millis(1_500),
+            min_faults: 0,
             seed: 0x5eed,
         }
     }
@@ -163,7 +168,7 @@ pub fn run(on: &mut impl Deployment, config: &SoakConfig) -> SoakReport {
     let store = on.store();
     let workload = WorkloadConfig {
         threads_per_client: config.threads.div_ceil(config.clients.max(1)),
-        max_run: config.duration + Duration::from_secs(30),
+        max_run: config.duration * 3 + Duration::from_secs(30),
         long_one_in: config.long_one_in,
         seed: config.seed,
         ..WorkloadConfig::new(config.keys, config.lease)
@@ -175,12 +180,20 @@ pub fn run(on: &mut impl Deployment, config: &SoakConfig) -> SoakReport {
     let mut injected = vec![0u64; faults.len()];
     let mean = config.fault_every.as_millis() as u64;
     let end = Instant::now() + config.duration;
-    // Bounded in time by `end` (each fault lasts at most a few leases) and in count.
+    // Short of `min_faults` at `end`, the run goes on until they are in, or until `cap`.
+    let cap = end + config.duration * 2;
+    // Bounded in time by `cap` (each fault lasts at most a few leases, or a failover) and in
+    // count.
     let first = rng.below(faults.len() as u64) as usize;
     for round in 0..100_000 {
+        let until = if injected.iter().sum::<u64>() >= config.min_faults {
+            end
+        } else {
+            cap
+        };
         let gap = Duration::from_millis(mean / 2 + rng.below(mean));
-        thread::sleep(gap.min(end.saturating_duration_since(Instant::now())));
-        if Instant::now() >= end {
+        thread::sleep(gap.min(until.saturating_duration_since(Instant::now())));
+        if Instant::now() >= until {
             break;
         }
         // Every kind in turn, from a random start: a short run still sees each of them.
