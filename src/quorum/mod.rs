@@ -33,7 +33,8 @@
 //! | `release.rs` | release, and what a failed attempt leaves behind; force_unlock |
 //! | `status.rs` | how the lock stands on a majority |
 //! | `election.rs` | what an election adds to its lock: the leader's record on a majority, and a watch on every master |
-//! | `lanes.rs` | connections the calling thread drives itself: a lock call's rounds written to every master at once, the replies read as they come (`poll`) |
+//! | `round.rs` | a lock call's rounds, written to every master at once on lanes, the replies read as they come (`poll`) |
+//! | `lanes.rs` | lanes: connections the calling thread drives itself, and each master's pool of idle ones |
 //! | `masters.rs` | one worker thread per master, that sends what lanes cannot, and the calls nobody waits for |
 
 mod acquire;
@@ -42,6 +43,7 @@ mod lanes;
 mod masters;
 mod release;
 mod renew;
+mod round;
 mod status;
 mod wait;
 
@@ -63,9 +65,9 @@ use crate::options::{Deadline, LockOptions};
 use crate::scripts;
 use crate::status::LockStatus;
 
-use lanes::Round;
 use masters::{Call, Masters, Reply};
 use renew::Renewal;
+use round::Round;
 use wait::Waiters;
 
 /// A quorum client's engine: its masters' workers, its renewal thread and its waiters.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::lanes::Round;
+use super::round::Round;
 use super::wait;
 use super::{Quorum, Tally};
 use crate::error::{Error, Result};
