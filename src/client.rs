@@ -682,7 +682,7 @@ impl LockClient {
     /// of a quorum of masters (`Topology::quorum`), which has no read-write locks. Connection
     /// errors, timeouts and Redis errors end the wait, as for [`lock`](LockClient::lock).
     pub fn read_lock(&self, key: &str) -> Result<ReadGuard> {
-        ReadGuard::wait(&self.shared, key, Access::Read)
+        self.read_lock_with(key, &LockOptions::new())
     }
 
     /// Takes the read-write lock `key` to write, waiting as long as it takes: nobody else holds
@@ -701,7 +701,7 @@ impl LockClient {
     /// # Errors
     /// As for [`read_lock`](LockClient::read_lock).
     pub fn write_lock(&self, key: &str) -> Result<WriteGuard> {
-        WriteGuard::wait(&self.shared, key, Access::Write)
+        self.write_lock_with(key, &LockOptions::new())
     }
 
     /// Takes the read-write lock `key` to read if that can be done within `timeout`;
@@ -725,7 +725,7 @@ impl LockClient {
     /// As for [`read_lock`](LockClient::read_lock); [`Error::Timeout`] if the reply to an
     /// attempt did not come by the deadline.
     pub fn try_read_lock(&self, key: &str, timeout: Duration) -> Result<Option<ReadGuard>> {
-        ReadGuard::try_take(&self.shared, key, Access::Read, timeout)
+        self.try_read_lock_with(key, timeout, &LockOptions::new())
     }
 
     /// Takes the read-write lock `key` to write if that can be done within `timeout`;
@@ -745,7 +745,71 @@ impl LockClient {
     /// # Errors
     /// As for [`try_read_lock`](LockClient::try_read_lock).
     pub fn try_write_lock(&self, key: &str, timeout: Duration) -> Result<Option<WriteGuard>> {
-        WriteGuard::try_take(&self.shared, key, Access::Write, timeout)
+        self.try_write_lock_with(key, timeout, &LockOptions::new())
+    }
+
+    /// [`read_lock`](LockClient::read_lock) with per-call [`LockOptions`]: a lease of the
+    /// grant's own ([`lease`](LockOptions::lease)) and a cancel channel
+    /// ([`cancel`](LockOptions::cancel)) that ends the wait with [`Error::Cancelled`].
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), fencelock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::LockClient::new("redis://127.0.0.1:6379/")?;
+    /// let (stop, stopped) = fencelock::crossbeam_channel::bounded::<()>(1);
+    /// let options = fencelock::LockOptions::new()
+    ///     .lease(Duration::from_secs(60))
+    ///     .cancel(stopped);
+    /// let config = client.read_lock_with("config", &options)?;
+    /// # drop((stop, config));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`read_lock`](LockClient::read_lock); also [`Error::Cancelled`], and
+    /// [`Error::InvalidArgument`] (`what` = `"options"`) for [`renew(false)`](LockOptions::renew)
+    /// or [`max_hold`](LockOptions::max_hold), which a read or write grant does not take: it is
+    /// renewed until it is released.
+    pub fn read_lock_with(&self, key: &str, options: &LockOptions) -> Result<ReadGuard> {
+        ReadGuard::wait(&self.shared, key, Access::Read, options)
+    }
+
+    /// [`write_lock`](LockClient::write_lock) with per-call [`LockOptions`], as
+    /// [`read_lock_with`](LockClient::read_lock_with).
+    ///
+    /// # Errors
+    /// As for [`read_lock_with`](LockClient::read_lock_with).
+    pub fn write_lock_with(&self, key: &str, options: &LockOptions) -> Result<WriteGuard> {
+        WriteGuard::wait(&self.shared, key, Access::Write, options)
+    }
+
+    /// [`try_read_lock`](LockClient::try_read_lock) with per-call [`LockOptions`], as
+    /// [`read_lock_with`](LockClient::read_lock_with).
+    ///
+    /// # Errors
+    /// As for [`read_lock_with`](LockClient::read_lock_with).
+    pub fn try_read_lock_with(
+        &self,
+        key: &str,
+        timeout: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<ReadGuard>> {
+        ReadGuard::try_take(&self.shared, key, Access::Read, timeout, options)
+    }
+
+    /// [`try_write_lock`](LockClient::try_write_lock) with per-call [`LockOptions`], as
+    /// [`read_lock_with`](LockClient::read_lock_with).
+    ///
+    /// # Errors
+    /// As for [`read_lock_with`](LockClient::read_lock_with).
+    pub fn try_write_lock_with(
+        &self,
+        key: &str,
+        timeout: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<WriteGuard>> {
+        WriteGuard::try_take(&self.shared, key, Access::Write, timeout, options)
     }
 
     /// How the read-write lock `key` stands in Redis: how many hold it to read, whether one

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::grant::Grant;
 use crate::key::SharedLockKeys;
 use crate::metrics::{self, Op, Since};
-use crate::options::{validate_lease, Deadline};
+use crate::options::{validate_lease, Deadline, LockOptions};
 use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
 use crate::token::FencingToken;
@@ -30,6 +30,41 @@ pub(crate) struct Held {
 impl Held {
     /// Takes a grant of `keys` as `access` says, under `lease`, waiting until `deadline` (for
     /// ever: until granted) or `cancel`.
+    /// [`take`](Held::take) with a call's [`LockOptions`]: a lease of the grant's own and a
+    /// cancel channel. `renew(false)` and `max_hold` are refused: a shared grant is renewed until
+    /// it is released.
+    pub(crate) fn take_with(
+        shared: &Arc<Shared>,
+        keys: &Arc<SharedLockKeys>,
+        access: Access,
+        deadline: Deadline,
+        options: &LockOptions,
+    ) -> Result<Option<Held>> {
+        options.validate()?;
+        if options.no_renewal || options.max_hold.is_some() {
+            return Err(Error::invalid(
+                "options",
+                format!(
+                    "a grant of a {} is renewed until released: renew(false) and max_hold do \
+                     not apply",
+                    keys.what()
+                ),
+            ));
+        }
+        if options.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let lease = options.lease.unwrap_or(shared.config.lease);
+        Held::take(
+            shared,
+            keys,
+            access,
+            lease,
+            deadline,
+            options.cancel.as_ref(),
+        )
+    }
+
     pub(crate) fn take(
         shared: &Arc<Shared>,
         keys: &Arc<SharedLockKeys>,

@@ -11,19 +11,20 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::held::{deadline, held_guard, Held};
 use crate::key::SharedLockKeys;
-use crate::options::Deadline;
+use crate::options::{Deadline, LockOptions};
 use crate::scripts::shared_lock::Access;
 use crate::shared::Shared;
 
-/// Takes the read-write lock `name` as `access` says, waiting until `deadline`.
+/// Takes the read-write lock `name` as `access` says, with `options`, waiting until `deadline`.
 fn take(
     shared: &Arc<Shared>,
     name: &str,
     access: Access,
     deadline: Deadline,
+    options: &LockOptions,
 ) -> Result<Option<Held>> {
     let keys = Arc::new(keys(shared, name)?);
-    Held::take(shared, &keys, access, shared.config.lease, deadline, None)
+    Held::take_with(shared, &keys, access, deadline, options)
 }
 
 /// The checked names of the read-write lock `name`, and the client's engine checked for them.
@@ -117,23 +118,30 @@ pub struct WriteGuard {
 macro_rules! guard_methods {
     ($guard:ident, $what:literal) => {
         impl $guard {
-            /// Waits as long as it takes.
-            pub(crate) fn wait(shared: &Arc<Shared>, name: &str, access: Access) -> Result<$guard> {
+            /// Waits as long as it takes, or until cancelled.
+            pub(crate) fn wait(
+                shared: &Arc<Shared>,
+                name: &str,
+                access: Access,
+                options: &LockOptions,
+            ) -> Result<$guard> {
                 loop {
-                    if let Some(held) = take(shared, name, access, Deadline::Never)? {
+                    if let Some(held) = take(shared, name, access, Deadline::Never, options)? {
                         return Ok($guard { held });
                     }
                 }
             }
 
-            /// Waits up to `timeout`.
+            /// Waits up to `timeout`, or until cancelled.
             pub(crate) fn try_take(
                 shared: &Arc<Shared>,
                 name: &str,
                 access: Access,
                 timeout: Duration,
+                options: &LockOptions,
             ) -> Result<Option<$guard>> {
-                Ok(take(shared, name, access, deadline(timeout))?.map(|held| $guard { held }))
+                let held = take(shared, name, access, deadline(timeout), options)?;
+                Ok(held.map(|held| $guard { held }))
             }
 
             /// The lock's name, as given to the call that took it.

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::held::{deadline, held_guard, Held};
 use crate::key::SharedLockKeys;
 use crate::options::{Deadline, LockOptions};
@@ -180,26 +180,7 @@ impl Semaphore {
     }
 
     fn take(&self, deadline: Deadline, options: &LockOptions) -> Result<Option<Permit>> {
-        options.validate()?;
-        if options.no_renewal || options.max_hold.is_some() {
-            return Err(Error::invalid(
-                "options",
-                "a permit is renewed until released: renew(false) and max_hold do not apply",
-            ));
-        }
-        if options.is_cancelled() {
-            return Err(Error::Cancelled);
-        }
-        let lease = options.lease.unwrap_or(self.shared.config.lease);
-        let cancel = options.cancel.as_ref();
-        let held = Held::take(
-            &self.shared,
-            &self.keys,
-            Access::Permit,
-            lease,
-            deadline,
-            cancel,
-        )?;
+        let held = Held::take_with(&self.shared, &self.keys, Access::Permit, deadline, options)?;
         Ok(held.map(|held| Permit { held }))
     }
 }

@@ -16,6 +16,7 @@ mod crash;
 mod exclusion;
 mod extend;
 mod faults;
+mod options;
 mod order;
 mod status;
 
