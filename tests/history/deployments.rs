@@ -306,7 +306,8 @@ impl Running {
                     .query(&mut set.connection(i))
                     .expect("INFO replication of the restarted node");
                 assert!(
-                    info.contains("role:slave") && info.contains(&format!("master_port:{promoted}")),
+                    info.contains("role:slave")
+                        && info.contains(&format!("master_port:{promoted}")),
                     "the restarted node {master} is not {promoted}'s replica:\n{info}"
                 );
                 format!(
