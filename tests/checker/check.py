@@ -27,8 +27,9 @@ from collections import defaultdict
 COMPLETIONS = ("ok", "fail", "unknown")
 CLIENT_FS = ("acquire", "release", "incr", "read")
 NEMESIS_FS = ("pause-client", "pause-server", "partition", "kill-client", "restart-server", "failover")
-# The faults of tests/history/deployments.rs: clock steps and skews, crashes, CPU throttling.
-NEMESIS_FS += ("clock-step", "clock-skew", "kill", "throttle-client")
+# The faults of tests/history/deployments.rs: clock steps and skews, crashes, CPU throttling,
+# Cluster slot migrations.
+NEMESIS_FS += ("clock-step", "clock-skew", "kill", "throttle-client", "migrate")
 
 
 class Malformed(Exception):

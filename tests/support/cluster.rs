@@ -688,6 +688,16 @@ impl ClusterSet {
         self.nodes[i].paused.store(false, Ordering::SeqCst);
     }
 
+    /// Starts node `i` again after [`ClusterSet::kill`]: same port, bus port, dir and
+    /// arguments, so it comes back with its `nodes.conf` (its id and its last view). A master
+    /// whose replica took over meanwhile learns of the higher epoch from the others and turns
+    /// into that replica's replica (empty, without persistence, until it syncs). Does not wait
+    /// for that: use [`ClusterSet::wait_ok`].
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].server.restart();
+        self.nodes[i].paused.store(false, Ordering::SeqCst);
+    }
+
     /// Whether node `i` is paused ([`ClusterSet::pause`] without a resume since).
     pub fn is_paused(&self, i: usize) -> bool {
         self.nodes[i].paused.load(Ordering::SeqCst)
