@@ -50,9 +50,7 @@
 //! `FENCELOCK_HISTORY_SECS`, `FENCELOCK_HISTORY_SEED` and `FENCELOCK_HISTORY_DIR` as in
 //! `main.rs`. Without them it runs one server, no fault, every store, for a few seconds.
 
-use std::io::Read;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -65,8 +63,8 @@ use super::support::quorum::Quorum;
 use super::support::sentinel::{SentinelSet, MASTER_NAME};
 use super::support::{self, database_url, ms, unique_temp_dir, RedisServer, Rng, NAMESPACE};
 use super::{
-    check, counter_key, key_name, pg_connect, CounterTable, Holder, Store, Verdict, Worker, KEYS,
-    LEASE_MS, PROCESSES, THREADS,
+    check, counter_key, hold_until_stopped, key_name, pg_connect, CounterTable, Store, Verdict,
+    Worker, KEYS, LEASE_MS, PROCESSES,
 };
 
 const WORKER_ENV: &str = "FENCELOCK_DEPLOYMENT_WORKER";
@@ -743,43 +741,9 @@ fn deployment_worker() {
         builder = builder.min_replica_acks(1, ms(LEASE_MS / 4));
     }
     let client = builder.build().expect("a client");
-    let fenced = FencedRedis::builder(store_url.as_str())
-        .namespace(NAMESPACE)
-        .response_timeout(ms(LEASE_MS))
-        .connection_timeout(ms(LEASE_MS))
-        .build()
-        .expect("a store");
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = Arc::clone(&stop);
-        thread::spawn(move || {
-            let _ = std::io::stdin().read_to_end(&mut Vec::new());
-            stop.store(true, Ordering::Relaxed);
-        });
-    }
-    let deadline = Instant::now() + limit;
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let holder = Holder {
-                process: format!("c{index}t{t}"),
-                recorder: Arc::clone(&recorder),
-                client: client.clone(),
-                fenced: fenced.clone(),
-                store,
-                url: store_url.clone(),
-                work,
-                table: table.clone(),
-                rng: Rng(seed ^ (index * 1000 + t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-                con: None,
-                db: None,
-            };
-            let stop = Arc::clone(&stop);
-            thread::spawn(move || holder.run(&stop, deadline))
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("a holder thread panicked");
-    }
+    hold_until_stopped(
+        client, recorder, store, &store_url, work, table, index, seed, limit,
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -824,7 +824,27 @@ fn locked_set_worker() {
         .connection_timeout(ms(LEASE_MS))
         .build()
         .expect("a client");
-    let fenced = FencedRedis::builder(store_url.as_str())
+    hold_until_stopped(
+        client, recorder, store, &store_url, work, table, index, seed, limit,
+    );
+}
+
+/// The holders of one worker process: `THREADS` threads of `client` taking locks on `KEYS` keys
+/// and incrementing the key's counter (on `store_url`, through `store`) under each, until stdin
+/// closes or `limit` passes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hold_until_stopped(
+    client: LockClient,
+    recorder: Arc<Recorder>,
+    store: Store,
+    store_url: &str,
+    work: u64,
+    table: String,
+    index: u64,
+    seed: u64,
+    limit: Duration,
+) {
+    let fenced = FencedRedis::builder(store_url)
         .namespace(NAMESPACE)
         .response_timeout(ms(LEASE_MS))
         .connection_timeout(ms(LEASE_MS))
@@ -847,7 +867,7 @@ fn locked_set_worker() {
                 client: client.clone(),
                 fenced: fenced.clone(),
                 store,
-                url: store_url.clone(),
+                url: store_url.to_string(),
                 work,
                 table: table.clone(),
                 rng: Rng(seed ^ (index * 1000 + t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
