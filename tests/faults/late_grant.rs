@@ -14,19 +14,13 @@ use std::time::{Duration, Instant};
 
 use crate::support::faults::{builder, spawn_answer, wait_until};
 use crate::support::proxy::{Mode, Proxy};
+use fencelock::LockClient;
+
 use crate::support::{lock_client, lock_exists, ms, RedisServer};
 
 #[test]
 fn a_grant_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port());
-    let lease = ms(300);
-    let late = builder(proxy.url(), lease)
-        .response_timeout(Duration::from_secs(10))
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let rival = lock_client(&server, 300);
+    let (server, proxy, late, rival) = late_and_rival();
     let mut con = server.connection();
     late.lock("warm").unwrap().unlock().unwrap(); // a pooled connection; the scripts loaded
 
@@ -72,14 +66,7 @@ fn a_grant_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
 /// The same for a permit of a semaphore: a late permit would make n + 1 holders.
 #[test]
 fn a_permit_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port());
-    let late = builder(proxy.url(), ms(300))
-        .response_timeout(Duration::from_secs(10))
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let rival = lock_client(&server, 300);
+    let (_server, proxy, late, rival) = late_and_rival();
     let ours = late.semaphore("late-permit", 1).unwrap();
     let theirs = rival.semaphore("late-permit", 1).unwrap();
     ours.acquire().unwrap().release().unwrap(); // a pooled connection; the scripts loaded
@@ -121,14 +108,7 @@ fn a_permit_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() 
 /// The same for a write grant of a read-write lock.
 #[test]
 fn a_write_grant_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_held() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port());
-    let late = builder(proxy.url(), ms(300))
-        .response_timeout(Duration::from_secs(10))
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let rival = lock_client(&server, 300);
+    let (_server, proxy, late, rival) = late_and_rival();
     late.write_lock("late-rw").unwrap().unlock().unwrap(); // a pooled connection; the scripts
 
     proxy.set_mode(Mode::Delay(Duration::from_secs(1)));
@@ -164,4 +144,19 @@ fn a_write_grant_whose_reply_comes_after_its_lease_ran_out_is_not_returned_as_he
         ),
     }
     assert!(taken.is_held());
+}
+
+/// A server, the fault proxy in front of it, a client through the proxy (lease 300 ms, with
+/// response and connection timeouts long enough to wait out the proxy's delays) and a rival
+/// client straight to the server.
+fn late_and_rival() -> (RedisServer, Proxy, LockClient, LockClient) {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = builder(proxy.url(), ms(300))
+        .response_timeout(Duration::from_secs(10))
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let rival = lock_client(&server, 300);
+    (server, proxy, late, rival)
 }
