@@ -214,6 +214,8 @@ fn attempt(
     let stop = deadline
         .map_or(valid_until, |d| d.max(t0 + MIN_WAIT).min(valid_until))
         .min(patience);
+    let proposal = q.proposer.next(t0);
+    let proposed = proposal.to_string();
     let mut packed = Vec::with_capacity(256);
     scripts::evalsha(
         &mut packed,
@@ -222,14 +224,16 @@ fn attempt(
         &[
             Arg::Str(keys.owner()),
             Arg::Int(crate::key::millis(lease)),
-            // Never queued; a refusal names the holder.
+            // Never queued; a refusal names the holder; a grant may take the proposal.
             Arg::Str("h"),
             Arg::Int(keys.idle_ms()),
+            Arg::Str(&proposed),
         ],
     );
     let mut round = q.round();
     round.send(q.all(), &scripts::ACQUIRE, packed, stop);
-    let mut granted: Vec<(usize, FencingToken)> = Vec::with_capacity(n);
+    // Grants: the master, its token, and whether the token is the proposal.
+    let mut granted: Vec<(usize, FencingToken, bool)> = Vec::with_capacity(n);
     // Refusals: the holder's remaining lease, and who holds it.
     let mut held: Vec<(Option<Duration>, Option<String>)> = Vec::new();
     let mut failed: Vec<RedisError> = Vec::new();
@@ -262,20 +266,30 @@ fn attempt(
             Next::Done => break,
         };
         answered[reply.master] = true;
-        match reply.result.and_then(|v| scripts::acquired_naming(v, keys)) {
-            Ok((Acquire::Granted(token), _)) => granted.push((reply.master, token)),
-            Ok((Acquire::Held(pttl), holder)) => held.push((pttl, holder)),
-            Err(e) => failed.push(e),
-        }
+        let heard = reply.result.and_then(|v| scripts::acquired_quorum(v, keys));
+        count(
+            q,
+            reply.master,
+            t0,
+            heard,
+            &mut granted,
+            &mut held,
+            &mut failed,
+        );
     }
     // Grants that came with the last counted one raise T and join the write-back.
     while let Some(reply) = round.try_next() {
         answered[reply.master] = true;
-        match reply.result.and_then(|v| scripts::acquired_naming(v, keys)) {
-            Ok((Acquire::Granted(token), _)) => granted.push((reply.master, token)),
-            Ok((Acquire::Held(pttl), holder)) => held.push((pttl, holder)),
-            Err(e) => failed.push(e),
-        }
+        let heard = reply.result.and_then(|v| scripts::acquired_quorum(v, keys));
+        count(
+            q,
+            reply.master,
+            t0,
+            heard,
+            &mut granted,
+            &mut held,
+            &mut failed,
+        );
     }
     if granted.len() + held.len() >= q.majority {
         *quiet = None;
@@ -321,11 +335,21 @@ fn attempt(
             ahead: granted.len() > most_refused,
         });
     }
+    // A majority took the proposal: it is stored there as the write-back would store it, and
+    // each of them held less before (model/README.md).
+    if granted.iter().filter(|(_, _, taken)| *taken).count() >= q.majority {
+        if Instant::now() >= valid_until {
+            release::give_up(q, &mut round, keys, lease, true);
+            return Ok(Attempt::Split { ahead: false });
+        }
+        return Ok(Attempt::Granted(FencingToken::new(proposal), t0));
+    }
     let token = granted
         .iter()
-        .map(|(_, t)| *t)
+        .map(|(_, t, _)| *t)
         .max()
         .unwrap_or(granted[0].1);
+    q.proposer.saw(token.as_u64());
     // The write-back: every later grant's majority shares a master with these, whose fence
     // is then at least T, so it mints above T.
     let mut packed = Vec::with_capacity(256);
@@ -343,14 +367,14 @@ fn attempt(
     );
     let asked = granted.len();
     round.send(
-        granted.iter().map(|(m, _)| *m),
+        granted.iter().map(|(m, _, _)| *m),
         &scripts::CONFIRM,
         packed,
         stop,
     );
     let (mut yes, mut other) = (0, 0);
     let mut confirmed = vec![true; n];
-    for (m, _) in &granted {
+    for (m, _, _) in &granted {
         confirmed[*m] = false;
     }
     loop {
@@ -376,6 +400,32 @@ fn attempt(
         return Ok(Attempt::Split { ahead: false });
     }
     Ok(Attempt::Granted(token, t0))
+}
+
+/// Counts master `master`'s reply to an acquire sent at `sent`, and tells the proposer what it
+/// read of the master's clock and tokens.
+fn count(
+    q: &Quorum,
+    master: usize,
+    sent: Instant,
+    heard: redis::RedisResult<scripts::QuorumAcquire>,
+    granted: &mut Vec<(usize, FencingToken, bool)>,
+    held: &mut Vec<(Option<Duration>, Option<String>)>,
+    failed: &mut Vec<RedisError>,
+) {
+    match heard {
+        Ok(reply) => {
+            q.proposer.heard(master, reply.clock, sent, Instant::now());
+            match reply.acquire {
+                Acquire::Granted(token) => {
+                    q.proposer.saw(token.as_u64());
+                    granted.push((master, token, reply.taken));
+                }
+                Acquire::Held(pttl) => held.push((pttl, reply.holder)),
+            }
+        }
+        Err(e) => failed.push(e),
+    }
 }
 
 /// The shortest random pause after an attempt that found no majority either way, and the

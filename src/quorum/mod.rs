@@ -41,6 +41,7 @@ mod acquire;
 mod election;
 mod lanes;
 mod masters;
+mod propose;
 mod release;
 mod renew;
 mod round;
@@ -66,6 +67,7 @@ use crate::scripts;
 use crate::status::LockStatus;
 
 use masters::{Call, Masters, Reply};
+use propose::Proposer;
 use renew::Renewal;
 use round::Round;
 use wait::Waiters;
@@ -78,6 +80,8 @@ pub(crate) struct Quorum {
     renewal: Renewal,
     waiters: Arc<Waiters>,
     owners: Owners,
+    /// The token each attempt proposes (propose.rs).
+    proposer: Proposer,
     next_grant: AtomicU64,
     connector: Arc<Connector>,
     namespace: String,
@@ -97,6 +101,7 @@ impl Quorum {
             .map_err(thread_error)?,
         );
         let majority = masters.len() / 2 + 1;
+        let proposer = Proposer::new(masters.len());
         let renewal = Renewal::spawn(Arc::clone(&masters), majority, config.response_timeout)
             .map_err(thread_error)?;
         Ok(Arc::new(Quorum {
@@ -105,6 +110,7 @@ impl Quorum {
             renewal,
             waiters: Arc::new(Waiters::new(&config.namespace)),
             owners: Owners::new(&Uuid::new_v4().simple().to_string()),
+            proposer,
             next_grant: AtomicU64::new(0),
             connector,
             namespace: config.namespace.clone(),

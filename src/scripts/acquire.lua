@@ -8,12 +8,15 @@
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
 -- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
 -- ARGV[2]  lease      in milliseconds
--- ARGV[3]  '0': a single try, never queued; 'h': the same, and a refusal names the holder (quorum
---          mode, which tells a majority holder from attempts that split the masters);
+-- ARGV[3]  '0': a single try, never queued; 'h': the same for a quorum attempt, whose refusal
+--          names the holder (to tell a majority holder from attempts that split the masters)
+--          and whose grant may take the client's proposal as its token (ARGV[5]);
 --          '1': a waiter's first attempt: join the queue if the
 --          lock is held; '2': a waiter that may stand in the queue already: join or refresh its
 --          entry if the lock is held, take it out if granted
 -- ARGV[4]  idle       ms the fence counter outlives the clock's passing it, re-armed by every grant
+-- ARGV[5]  proposal   with ARGV[3] = 'h' only: the token the client proposes, decimal digits
+--                     (see propose in grant.lua); taken if above every token stored here
 --
 -- Returns  {1, token}  granted (and out of the queue); the token is a bulk string of decimal
 --                      digits (exact beyond 2^53). If the lock already belongs to ARGV[1] (a
@@ -21,10 +24,36 @@
 --                      re-armed (never shortened) and the current counter is returned: nobody
 --                      else can have been granted since.
 --          {0, pttl}   held by another owner; pttl is its remaining lease in ms (-1: no expiry).
---                      With ARGV[3] = 'h': {0, pttl, holder}.
+--          With ARGV[3] = 'h', the replies name more: {1, token, taken, clock} when granted, where
+--                      taken is 1 if the token is the proposal and clock the server's TIME in
+--                      microseconds (decimal digits), from which the client proposes next time;
+--                      {0, pttl, holder, clock} when refused.
 --                      A waiter's entry is made or refreshed to outlive its next unprompted
 --                      attempt, at the holder's expiry.
 local holder = redis.call('GET', KEYS[1])
+if ARGV[3] == 'h' then
+  -- A quorum attempt (model/README.md): never queued, and every reply carries the clock.
+  local now = redis.call('TIME')
+  local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+  if holder == false then
+    -- propose's first write is the fence's (SET or INCR), before the lock's, as in grant.
+    local token, taken = propose(KEYS[2], ARGV[4], ARGV[5], clock)
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return {1, token, taken, clock}
+  end
+  if holder == ARGV[1] then
+    -- A request that ran twice. The counter only rose since our grant set it, so if it equals
+    -- the proposal, it was below the proposal when we were granted: taken, as far as the client
+    -- can count it.
+    rearm(KEYS[1], ARGV[2])
+    local token = redis.call('GET', KEYS[2])
+    if token == false then
+      token = mint(KEYS[2], ARGV[4])
+    end
+    return {1, token, token == ARGV[5] and 1 or 0, clock}
+  end
+  return {0, redis.call('PTTL', KEYS[1]), holder, clock}
+end
 if holder == false then
   -- grant first: under maxmemory Redis refuses only a script's first write, and INCR must be it.
   local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4])
@@ -45,9 +74,6 @@ if holder == ARGV[1] then
   return {1, token}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[3] == 'h' then
-  return {0, pttl, holder}
-end
 if ARGV[3] ~= '0' then
   enqueue(KEYS[3], KEYS[4], ARGV[1], ARGV[2], math.max(pttl, 0))
 end

@@ -1,6 +1,6 @@
 -- confirm.lua: the write-back of a quorum grant. Raise the fence counter to the grant's token T,
 -- the largest token of the majority that granted, while the lock is still ours, and re-arm the
--- lease. (grant.lua is prepended: lapse_at, rearm.)
+-- lease. (grant.lua is prepended: below, raise, rearm.)
 --
 -- KEYS[1]  lock key   string: the owner id of the current grant, with a PX lease
 -- KEYS[2]  fence key  integer counter of grants for this key (see mint in grant.lua)
@@ -16,29 +16,14 @@
 -- granted here, must not raise the fence under that client's feet; and a grant counted without
 -- this master must not count it among its majority.
 --
--- The counter's expiry is anchored at its new value, as mint anchors it: anchored at the old
--- value, or at now, the counter could expire while this master's clock is still below T, and
--- the clock floor would then mint a token at or below T.
+-- The counter's expiry is anchored at its new value (raise, in grant.lua).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local t = ARGV[2]
 local current = redis.call('GET', KEYS[2])
--- Compare as decimal digits (no leading zeros): exact beyond 2^53, where Lua numbers are not.
-local function below(a, b)
-  if #a ~= #b then
-    return #a < #b
-  end
-  return a < b
-end
 if current == false or below(current, t) then
-  if below(t, '9007199254740992') then
-    redis.call('SET', KEYS[2], t, 'PXAT', lapse_at(tonumber(t), ARGV[4]))
-  else
-    -- At or beyond 2^53 (a clock reading of the year 2255) the expiry cannot be computed
-    -- exactly, and the clock will not pass it anyway: the counter never expires, as in mint.
-    redis.call('SET', KEYS[2], t)
-  end
+  raise(KEYS[2], t, ARGV[4])
 end
 rearm(KEYS[1], ARGV[3])
 return 1

@@ -69,6 +69,48 @@ local function mint(fence, idle)
   return redis.call('GET', fence)
 end
 
+-- Whether decimal digits `a` are below decimal digits `b` (neither with leading zeros): exact
+-- beyond 2^53, where Lua numbers are not.
+local function below(a, b)
+  if #a ~= #b then
+    return #a < #b
+  end
+  return a < b
+end
+
+-- Sets the fence counter to `token` (decimal digits), with its expiry anchored at the new value
+-- as mint anchors it: anchored at the old value, or at now, the counter could expire while the
+-- clock is still below the token, and the clock floor would then mint at or below it.
+local function raise(fence, token, idle)
+  if below(token, '9007199254740992') then
+    redis.call('SET', fence, token, 'PXAT', lapse_at(tonumber(token), idle))
+  else
+    -- At or beyond 2^53 (a clock reading of the year 2255) the expiry cannot be computed
+    -- exactly, and the clock will not pass it anyway: the counter never expires, as in mint.
+    redis.call('SET', fence, token)
+  end
+end
+
+-- A quorum grant's token: the client's proposal P (decimal digits) if it is above every token
+-- this master ever stored, else one minted here. Returns the token and 1 if it is P, 0 if minted.
+--
+-- Above every token stored: above the fence counter, which only rises and holds the largest of
+-- them; with no counter, at or above the clock floor `floor` (microseconds, decimal digits),
+-- which mint would take and which is past every token of a counter that lapsed or was lost in a
+-- restart (see mint). Taking P is then what a mint followed by the write-back of P would leave,
+-- in one step: a majority that took P holds it as a write-back majority would, so the client
+-- needs no write-back round (model/README.md).
+local function propose(fence, idle, proposal, floor)
+  if proposal ~= nil and string.match(proposal, '^[1-9]%d*$') then
+    local current = redis.call('GET', fence)
+    if (current and below(current, proposal)) or (not current and not below(proposal, floor)) then
+      raise(fence, proposal, idle)
+      return proposal, 1
+    end
+  end
+  return mint(fence, idle), 0
+end
+
 -- Sets the lock to `owner` for `lease` ms and returns its fencing token (see mint; `idle` is
 -- how long the counter outlives the clock's passing it).
 --

@@ -160,27 +160,41 @@ fn acquire_of(granted: i64, value: i64, keys: &LockKeys) -> RedisResult<Acquire>
     })
 }
 
-/// The reply of one acquire call in the form that names the holder of a refusal (`'h'`): what
-/// it found, and the holder's owner id when refused.
-pub(crate) fn acquired_naming(
-    reply: Value,
-    keys: &LockKeys,
-) -> RedisResult<(Acquire, Option<String>)> {
+/// The reply of a quorum attempt's acquire on one master (the `'h'` form of `acquire.lua`).
+pub(crate) struct QuorumAcquire {
+    pub(crate) acquire: Acquire,
+    /// The holder's owner id, when refused.
+    pub(crate) holder: Option<String>,
+    /// The token granted is the client's proposal.
+    pub(crate) taken: bool,
+    /// The master's clock (`TIME`) in microseconds.
+    pub(crate) clock: u64,
+}
+
+/// Reads `{1, token, taken, clock}` or `{0, pttl, holder, clock}`.
+pub(crate) fn acquired_quorum(reply: Value, keys: &LockKeys) -> RedisResult<QuorumAcquire> {
     let reply: Vec<Value> = redis::from_redis_value(reply)?;
-    let mut reply = reply.into_iter();
-    let (Some(granted), Some(value)) = (reply.next(), reply.next()) else {
-        return Err(redis::RedisError::from((
+    let [granted, value, third, clock]: [Value; 4] = reply.try_into().map_err(|_| {
+        redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "unexpected reply from the acquire script",
-        )));
-    };
+        ))
+    })?;
     let acquire = acquire_of(
         redis::from_redis_value(granted)?,
         redis::from_redis_value(value)?,
         keys,
     )?;
-    let holder = reply.next().map(redis::from_redis_value).transpose()?;
-    Ok((acquire, holder))
+    let (holder, taken) = match acquire {
+        Acquire::Granted(_) => (None, redis::from_redis_value::<i64>(third)? == 1),
+        Acquire::Held(_) => (Some(redis::from_redis_value(third)?), false),
+    };
+    Ok(QuorumAcquire {
+        acquire,
+        holder,
+        taken,
+        clock: redis::from_redis_value(clock)?,
+    })
 }
 
 /// Whether a refused acquire joins the key's queue.

@@ -11,3 +11,4 @@ mod edges;
 mod election;
 mod lock_all;
 mod locks;
+mod proposal;
