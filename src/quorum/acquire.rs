@@ -1,5 +1,6 @@
-//! A lock call on a quorum: one attempt (acquire on every master, confirm the largest token on a
-//! majority), and the loop around it: the head of the key's local queue attempts; a refused head
+//! A lock call on a quorum: one attempt (acquire on every master proposing a token, which is the
+//! grant's when a majority took it; otherwise confirm the largest token on a majority), and the
+//! loop around it: the head of the key's local queue attempts; a refused head
 //! waits for a release message or for the holder's lease to run out, a split one for a random
 //! pause.
 

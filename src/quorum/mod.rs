@@ -5,20 +5,22 @@
 //! mode") and model/README.md, which spin checks. In short:
 //!
 //! ```text
-//! attempt ─► acquire on all N ──► a majority granted in time? ──► T = the largest of their tokens
-//!            (masters.rs: in         no: release on all N,           │
-//!             parallel)              retry later (wait.rs)            ▼
-//!                                                         confirm(T) on those that granted
-//!                                                         ──► a majority confirmed in time?
-//!                                                             yes: granted with token T
-//!                                                             no: release on all N, retry
+//! attempt ─► acquire on all N, ────► a majority granted in time? ──► a majority took P?
+//!            proposing token P        no: release on all N,          yes: granted with token P
+//!            (propose.rs)             retry later (wait.rs)          no: T = the largest token,
+//!                                                                        confirm(T) on those
+//!                                                                        that granted ──► a
+//!                                                                        majority confirmed in
+//!                                                                        time? yes: granted
+//!                                                                        with token T; no:
+//!                                                                        release on all N, retry
 //! held ─► renew.rs: extend on all N, a majority keeps it ─► release: on all N, wake waiters
 //! ```
 //!
 //! | step | counts | ends the step early | gives up |
 //! |---|---|---|---|
-//! | acquire | grants `{1, token}`; refusals by holder | a majority of grants; or, once no majority of grants can come, a majority refused for one holder (held) or none can (split); a stalled master (masters.rs) that has not answered counts as failed | the validity (lease − elapsed − drift) or the caller's deadline ran out, or no majority answered for a connection and a response timeout since the call's first unanswered attempt |
-//! | confirm | `1`s | a majority of `1`s, or too many `0`s, failures or stalled masters for one | as acquire, counted from the acquire's start |
+//! | acquire | grants `{1, token, taken}`; refusals by holder | a majority of grants; or, once no majority of grants can come, a majority refused for one holder (held) or none can (split); a stalled master (masters.rs) that has not answered counts as failed | the validity (lease − elapsed − drift) or the caller's deadline ran out, or no majority answered for a connection and a response timeout since the call's first unanswered attempt |
+//! | confirm (only when fewer than a majority of the grants took the proposal) | `1`s | a majority of `1`s, or too many `0`s, failures or stalled masters for one | as acquire, counted from the acquire's start |
 //! | renew (renew.rs) | `1`s | a majority of `1`s; lost at once on more than N − majority `0`s | the deadline |
 //! | release | `1`s | every master answered or is stalled, or a majority released | a response timeout (`unlock`); never waited for (`drop`) |
 //!
@@ -27,7 +29,8 @@
 //!
 //! | file | what it does |
 //! |---|---|
-//! | `acquire.rs` | one attempt (acquire, then confirm), and the lock call's loop around it |
+//! | `acquire.rs` | one attempt (acquire, then confirm unless a majority took the proposal), and the lock call's loop around it |
+//! | `propose.rs` | the token an attempt proposes: from the masters' clocks and the tokens seen |
 //! | `wait.rs` | what this engine keeps of the key's local queue (`queue.rs`), and the subscriptions that hear releases |
 //! | `renew.rs` | the renewal thread, and explicit extends |
 //! | `release.rs` | release, and what a failed attempt leaves behind; force_unlock |
