@@ -13,9 +13,9 @@
 //!   protocol on plain connections from one thread with fencelock's own scripts (acquire on all,
 //!   confirm on a majority, release on all, each round ending at a majority: the floor under the
 //!   engine), Redlock, and (5 masters) `try_lock` with a zero timeout on a client that never
-//!   waits, so has no subscriptions. A quorum lock is an acquire round and a confirm round (the
-//!   write-back of the token), an unlock a release round waited for on a majority: about three
-//!   parallel rounds. Then each alone, for its rate and its CPU (client, all the masters).
+//!   waits, so has no subscriptions. A quorum lock is an acquire round (and a confirm round, the
+//!   write-back of the token, when a majority did not take the proposed one), an unlock a
+//!   release round waited for on a majority: about two parallel rounds. Then each alone, for its rate and its CPU (client, all the masters).
 //! - **Contention**: T threads over C clients on one key, critical section S, think time W, as
 //!   `contention` runs it, for the quorum, fencelock on one of the servers, and Redlock, each
 //!   twice for D/2 in turns (Q S R Q S R). Calls are counted on every master.
@@ -253,14 +253,19 @@ const RAW_LEASE_MS: u64 = 30_000;
 const RAW_IDLE_MS: u64 = 86_400_000;
 
 /// The quorum protocol on plain connections from one thread, with fencelock's scripts: acquire
-/// on all, on a majority of grants confirm the largest token on those that granted, and on a
-/// majority of confirms it is held; release on all, done on a majority. No renewal, no waiting,
-/// no subscriptions: what the protocol's round trips cost, with nothing of the engine.
+/// on all proposing a token (the largest master clock last read, plus the time since), held on
+/// a majority of grants that took it; otherwise confirm the largest token on those that
+/// granted, held on a majority of confirms; release on all, done on a majority. No renewal, no
+/// waiting, no subscriptions: what the protocol's round trips cost, with nothing of the engine.
 struct RawQuorum {
     fanout: Fanout,
     shas: Vec<String>,
     all: Vec<usize>,
     n: u64,
+    /// The largest master clock read (µs), when its request was sent and answered; the last
+    /// proposal.
+    clock: Option<(u64, Instant, Instant)>,
+    proposed: u64,
 }
 
 impl RawQuorum {
@@ -271,6 +276,8 @@ impl RawQuorum {
             fanout,
             shas,
             n: 0,
+            clock: None,
+            proposed: 0,
         }
     }
 
@@ -284,26 +291,52 @@ impl RawQuorum {
         let owner = format!("raw:{}", self.n);
         let keys = RawQuorum::keys(key);
         let q = self.fanout.len() / 2 + 1;
+        let sent = Instant::now();
+        // The engine's proposal (quorum/propose.rs): the largest master clock it read, plus
+        // the time since that request went out, plus its round trip.
+        let proposal = self.clock.map_or(0, |(clock, at, heard)| {
+            let ahead = sent.duration_since(at) + heard.duration_since(at);
+            clock + u64::try_from(ahead.as_micros()).expect("µs")
+        });
+        let proposal = proposal.max(self.proposed + 1);
+        self.proposed = proposal;
         let acquire = redis::cmd("EVALSHA")
             .arg(&self.shas[0])
             .arg(4)
             .arg(&keys)
             .arg(&owner)
             .arg(RAW_LEASE_MS)
-            .arg("0")
+            .arg("h")
             .arg(RAW_IDLE_MS)
+            .arg(proposal)
             .get_packed_command();
         self.fanout.send(&self.all, &acquire);
         let mut granted: Vec<(usize, String)> = Vec::new();
+        let mut taken = 0;
+        let mut clock = self.clock;
         self.fanout.collect(&self.all, |i, reply| {
-            // `*2 :1 $len digits`
-            let granted_here = reply.starts_with(b"*2\r\n:1\r\n$");
-            assert!(granted_here, "refused on a fresh key");
-            let text = std::str::from_utf8(reply).expect("RESP");
-            let digits = text.trim_end().rsplit("\r\n").next().expect("token");
-            granted.push((i, digits.to_owned()));
+            // `{1, token, taken, clock}`
+            let reply: Vec<redis::Value> =
+                redis::from_redis_value(redis::parse_redis_value(reply).expect("RESP"))
+                    .expect("an array");
+            let [ok, token, took, read]: [redis::Value; 4] = reply.try_into().expect("4 fields");
+            assert_eq!(
+                redis::from_redis_value::<i64>(ok).expect("int"),
+                1,
+                "refused on a fresh key"
+            );
+            let read: u64 = redis::from_redis_value(read).expect("clock");
+            if clock.is_none_or(|(c, _, _)| read > c) {
+                clock = Some((read, sent, Instant::now()));
+            }
+            taken += usize::from(redis::from_redis_value::<i64>(took).expect("int") == 1);
+            granted.push((i, redis::from_redis_value(token).expect("token")));
             granted.len() >= q
         });
+        self.clock = clock;
+        if taken >= q {
+            return (owner, proposal.to_string());
+        }
         let token = granted
             .iter()
             .map(|(_, t)| t.clone())
@@ -856,8 +889,8 @@ fn contention(masters: &[&RedisServer], p: &Params, r: &mut Report, unit: Durati
         rates.push(all.rate());
         assert_eq!(all.overlaps, 0, "{who}: overlapping holds");
     }
-    // The floor under contention: per acquisition a confirm round, the critical section and a
-    // release round; the next attempt's acquire round overlaps nothing.
+    // The floor under contention: per acquisition an acquire round (and a confirm round when its
+    // proposal was not taken), the critical section and a release round.
     let per = 1.0 / rates[0];
     r.info(
         B,
