@@ -217,11 +217,13 @@ fn attempt(
         .min(patience);
     let proposal = q.proposer.next(t0);
     let proposed = proposal.to_string();
-    let mut packed = Vec::with_capacity(256);
+    let mut packed = Vec::with_capacity(300);
+    let [lock, fence, queue, entries] = keys.all();
+    let released = release::released_key(keys);
     scripts::evalsha(
         &mut packed,
         &scripts::ACQUIRE,
-        &keys.all(),
+        &[lock, fence, queue, entries, &released],
         &[
             Arg::Str(keys.owner()),
             Arg::Int(crate::key::millis(lease)),

@@ -158,14 +158,32 @@ pub(super) fn force_unlock(q: &Quorum, keys: &LockKeys) -> Result<bool> {
     Ok(deleted >= q.majority)
 }
 
-/// A release call of `keys.owner()`, telling `channel` (nobody if empty).
+/// A release call of `keys.owner()`, telling `channel` (nobody if empty). Where it finds the
+/// key gone, it remembers the owner for [`REMEMBERED`], so that the attempt's acquire, if it
+/// runs there later, is refused (`quorum_release.lua`).
 fn release_call(keys: &LockKeys, channel: &str) -> Vec<u8> {
-    let mut packed = Vec::with_capacity(160);
+    let mut packed = Vec::with_capacity(200);
+    let released = released_key(keys);
     scripts::evalsha(
         &mut packed,
         &scripts::QUORUM_RELEASE,
-        &[keys.lock()],
-        &[Arg::Str(keys.owner()), Arg::Str(channel)],
+        &[keys.lock(), &released],
+        &[
+            Arg::Str(keys.owner()),
+            Arg::Str(channel),
+            Arg::Int(crate::key::millis(REMEMBERED)),
+        ],
     );
     packed
+}
+
+/// How long a master remembers a release that ran before its acquire: far longer than two
+/// connections to one master reorder requests, short enough to leave nothing behind. An
+/// acquire later still (held by a master frozen for longer) leaves a key that expires with its
+/// lease, as before.
+const REMEMBERED: Duration = Duration::from_secs(10);
+
+/// `<lock key>:released`: the owner id of the last release that ran before its acquire.
+pub(super) fn released_key(keys: &LockKeys) -> String {
+    format!("{}:released", keys.lock())
 }

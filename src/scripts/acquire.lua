@@ -6,6 +6,8 @@
 --                     server clock (in microseconds) passes it (see mint in grant.lua)
 -- KEYS[3]  queue      LIST of waiting owner ids (see grant.lua)
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
+-- KEYS[5]  released   with ARGV[3] = 'h' only: the owner id of a release that ran here before
+--                     its acquire (see quorum_release.lua); that acquire is refused
 -- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
 -- ARGV[2]  lease      in milliseconds
 -- ARGV[3]  '0': a single try, never queued; 'h': the same for a quorum attempt, whose refusal
@@ -27,7 +29,8 @@
 --          With ARGV[3] = 'h', the replies name more: {1, token, taken, clock} when granted, where
 --                      taken is 1 if the token is the proposal and clock the server's TIME in
 --                      microseconds (decimal digits), from which the client proposes next time;
---                      {0, pttl, holder, clock} when refused.
+--                      {0, pttl, holder, clock} when refused; {0, 0, '', clock} when this owner
+--                      was released here already.
 --                      A waiter's entry is made or refreshed to outlive its next unprompted
 --                      attempt, at the holder's expiry.
 local holder = redis.call('GET', KEYS[1])
@@ -36,6 +39,10 @@ if ARGV[3] == 'h' then
   local now = redis.call('TIME')
   local clock = now[1] .. string.format('%06d', tonumber(now[2]))
   if holder == false then
+    if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[1] then
+      -- Released before it ran: granting now would leave a key nobody releases.
+      return {0, 0, '', clock}
+    end
     -- propose's first write is the fence's (SET or INCR), before the lock's, as in grant.
     local token, taken = propose(KEYS[2], ARGV[4], ARGV[5], clock)
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::support::quorum::Quorum;
-use crate::support::{command_calls, ms, poll_until};
+use crate::support::{command_calls, ms, poll_until, NAMESPACE};
 
 /// Scripts master `i` ran since its last `CONFIG RESETSTAT` (EVALSHA, and EVAL after NOSCRIPT).
 fn scripts_run(quorum: &Quorum, i: usize) -> u64 {
@@ -92,4 +92,65 @@ fn a_proposal_below_a_majority_s_tokens_is_not_the_token() {
         "{} after {token}",
         next.token()
     );
+}
+
+const GRANT_LUA: &str = include_str!("../../src/scripts/grant.lua");
+const ACQUIRE_LUA: &str = include_str!("../../src/scripts/acquire.lua");
+const RELEASE_LUA: &str = include_str!("../../src/scripts/quorum_release.lua");
+
+/// A quorum attempt's acquire, as the engine sends it, by hand: whether it was granted.
+fn acquire_by_hand(con: &mut redis::Connection, key: &str, owner: &str) -> bool {
+    let lock = format!("{NAMESPACE}:lock:{{{key}}}");
+    let keys = [
+        lock.clone(),
+        format!("{NAMESPACE}:fence:{{{key}}}"),
+        format!("{NAMESPACE}:queue:{{{key}}}"),
+        format!("{NAMESPACE}:waiters:{{{key}}}"),
+        format!("{lock}:released"),
+    ];
+    let reply: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(format!("{GRANT_LUA}{ACQUIRE_LUA}"))
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(owner)
+        .arg(10_000)
+        .arg("h")
+        .arg(86_400_000)
+        .arg("1")
+        .query(con)
+        .unwrap();
+    redis::from_redis_value_ref::<i64>(&reply[0]).unwrap() == 1
+}
+
+/// A release of a quorum attempt, as the engine sends it, by hand: whether it found the key.
+fn release_by_hand(con: &mut redis::Connection, key: &str, owner: &str) -> bool {
+    let lock = format!("{NAMESPACE}:lock:{{{key}}}");
+    let found: i64 = redis::cmd("EVAL")
+        .arg(RELEASE_LUA)
+        .arg(2)
+        .arg(&lock)
+        .arg(format!("{lock}:released"))
+        .arg(owner)
+        .arg("")
+        .arg(10_000)
+        .query(con)
+        .unwrap();
+    found == 1
+}
+
+/// A holder's unlock goes on a connection of its own, and can reach a master before the acquire
+/// it undoes when the grant was decided without that master's reply. The acquire, run then,
+/// must not take the key: nobody would release it, and while a minority of the masters is down
+/// every attempt needs this one, so the lock would be stuck for a lease.
+#[test]
+fn an_acquire_that_runs_after_its_release_takes_nothing() {
+    let quorum = Quorum::start(3);
+    let mut con = quorum.connection(0);
+    assert!(!release_by_hand(&mut con, "overtaken", "c:1"));
+    assert!(!acquire_by_hand(&mut con, "overtaken", "c:1"));
+    assert_eq!(quorum.lock_owner(0, "overtaken"), None);
+    // Only that owner is refused: the next attempt is granted.
+    assert!(acquire_by_hand(&mut con, "overtaken", "c:2"));
+    assert!(release_by_hand(&mut con, "overtaken", "c:2"));
+    assert_eq!(quorum.lock_owner(0, "overtaken"), None);
 }
