@@ -300,7 +300,7 @@ fn attempt(
         *quiet = Some(t0);
     }
     if granted.len() < q.majority {
-        release::give_up(q, &mut round, keys, lease, false);
+        release::give_up(q, &mut round, keys, lease, false, &answered);
         // Held only when a majority refused for one holder, who will publish its release.
         // Refusals by several owners are other attempts (or what failed attempts left, being
         // released unannounced): nobody may hold the lock, and nobody will say when it is
@@ -342,7 +342,7 @@ fn attempt(
     // each of them held less before (model/README.md).
     if granted.iter().filter(|(_, _, taken)| *taken).count() >= q.majority {
         if Instant::now() >= valid_until {
-            release::give_up(q, &mut round, keys, lease, true);
+            release::give_up(q, &mut round, keys, lease, true, &answered);
             return Ok(Attempt::Split { ahead: false });
         }
         return Ok(Attempt::Granted(FencingToken::new(proposal), t0));
@@ -399,7 +399,7 @@ fn attempt(
     }
     if yes < q.majority || Instant::now() >= valid_until {
         // A majority granted it: waiters refused by that majority took it for held.
-        release::give_up(q, &mut round, keys, lease, true);
+        release::give_up(q, &mut round, keys, lease, true, &answered);
         return Ok(Attempt::Split { ahead: false });
     }
     Ok(Attempt::Granted(token, t0))

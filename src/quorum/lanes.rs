@@ -95,6 +95,15 @@ impl Dial {
             due += 1;
         }
         wire::pack(&mut packed, &[Arg::Str("PING")]);
+        // The scripts the lane carries, loaded before its first call (see
+        // `scripts::LANE_SCRIPTS`). A refusal (an ACL without `SCRIPT`) costs nothing here: a
+        // call answered `NOSCRIPT` goes to the worker, which loads and sends it again.
+        for body in crate::scripts::LANE_SCRIPTS {
+            wire::pack(
+                &mut packed,
+                &[Arg::Str("SCRIPT"), Arg::Str("LOAD"), Arg::Str(body)],
+            );
+        }
         let mut lane = Lane {
             stream,
             buf: Vec::with_capacity(512),
@@ -105,6 +114,9 @@ impl Dial {
             if let Err(e) = lane.read_blocking()?.extract_error() {
                 return Err(std::io::Error::other(e.to_string()));
             }
+        }
+        for _ in crate::scripts::LANE_SCRIPTS {
+            lane.read_blocking()?;
         }
         lane.stream.set_nonblocking(true)?;
         Ok(lane)

@@ -20,13 +20,16 @@ use crate::scripts;
 /// the lock as it was.
 ///
 /// It goes behind the attempt's calls on `round`'s lanes, so that on every master it runs after
-/// the acquire it undoes, however late that one runs.
+/// the acquire it undoes, however late that one runs. Where the acquire was not `answered`, it
+/// may still run after the release all the same (sent again by a worker, on another
+/// connection): the release remembers the owner there, so that the acquire is refused.
 pub(super) fn give_up(
     q: &Quorum,
     round: &mut Round<'_>,
     keys: &LockKeys,
     lease: Duration,
     tell: bool,
+    answered: &[bool],
 ) {
     let channel = if tell {
         wait::channel(&q.namespace, keys.tag())
@@ -36,10 +39,17 @@ pub(super) fn give_up(
     // Worth sending for as long as the attempt's lease may last: an acquire that reached a
     // frozen master runs when it wakes, and this release behind it then frees that master.
     let expires = Instant::now() + lease;
+    let ran = |m: &usize| answered.get(*m).copied().unwrap_or(false);
     round.send_unwatched(
-        q.all(),
+        q.all().filter(ran),
         &scripts::QUORUM_RELEASE,
-        release_call(keys, &channel),
+        release_call(keys, &channel, false),
+        expires,
+    );
+    round.send_unwatched(
+        q.all().filter(|m| !ran(m)),
+        &scripts::QUORUM_RELEASE,
+        release_call(keys, &channel, true),
         expires,
     );
 }
@@ -82,7 +92,7 @@ pub(super) fn release_keys(
     // A drop waits for nothing: the release is worth sending while the lease may last.
     let expires =
         wait.unwrap_or_else(|| Instant::now() + q.response_timeout.max(Duration::from_secs(5)));
-    let packed = release_call(keys, &channel);
+    let packed = release_call(keys, &channel, true);
     let Some(until) = wait else {
         let _ = q.ask(q.all(), &scripts::QUORUM_RELEASE, packed, expires, false);
         q.waiters.wake_head(keys.tag());
@@ -158,11 +168,21 @@ pub(super) fn force_unlock(q: &Quorum, keys: &LockKeys) -> Result<bool> {
     Ok(deleted >= q.majority)
 }
 
-/// A release call of `keys.owner()`, telling `channel` (nobody if empty). Where it finds the
-/// key gone, it remembers the owner for [`REMEMBERED`], so that the attempt's acquire, if it
-/// runs there later, is refused (`quorum_release.lua`).
-fn release_call(keys: &LockKeys, channel: &str) -> Vec<u8> {
+/// A release call of `keys.owner()`, telling `channel` (nobody if empty). With `remember`,
+/// where it finds the key gone it remembers the owner for [`REMEMBERED`], so that the attempt's
+/// acquire, if it runs there later, is refused (`quorum_release.lua`). Without, for masters
+/// that answered the acquire already: it cannot run after.
+fn release_call(keys: &LockKeys, channel: &str, remember: bool) -> Vec<u8> {
     let mut packed = Vec::with_capacity(200);
+    if !remember {
+        scripts::evalsha(
+            &mut packed,
+            &scripts::QUORUM_RELEASE,
+            &[keys.lock()],
+            &[Arg::Str(keys.owner()), Arg::Str(channel)],
+        );
+        return packed;
+    }
     let released = released_key(keys);
     scripts::evalsha(
         &mut packed,
@@ -183,7 +203,7 @@ fn release_call(keys: &LockKeys, channel: &str) -> Vec<u8> {
 /// lease, as before.
 const REMEMBERED: Duration = Duration::from_secs(10);
 
-/// `<lock key>:released`: the owner id of the last release that ran before its acquire.
+/// `<lock key>:released`: the owner ids of releases that ran before their acquire.
 pub(super) fn released_key(keys: &LockKeys) -> String {
     format!("{}:released", keys.lock())
 }

@@ -178,16 +178,23 @@ impl<'a> Round<'a> {
         self.masters.dispatch(m, request);
     }
 
-    /// The lane to `m` broke: closed, and every request on it that someone waits for goes to
-    /// the worker, marked `retried` (it may have run), as the worker marks a request it sends
-    /// again after its connection broke.
+    /// The lane to `m` broke: closed, and every request on it that someone waits for, or that
+    /// was sent unwatched, goes to the worker, marked `retried` (it may have run), as the worker
+    /// marks a request it sends again after its connection broke.
     fn broke(&mut self, m: usize) {
         let Some(lane) = self.lanes[m].take() else {
             return;
         };
         for due in lane.due {
-            if let (true, Some((script, packed, expires))) = (due.tag == self.tag, due.request) {
+            let Some((script, packed, expires)) = due.request else {
+                continue;
+            };
+            if due.tag == self.tag {
                 self.via[m] = Via::Worker;
+                self.hand_over(m, script, packed, expires, due.tag, true);
+            } else if due.tag == NOBODY {
+                // Sent unwatched (a failed attempt's release): it may not have run, and running
+                // it twice finds nothing the second time.
                 self.hand_over(m, script, packed, expires, due.tag, true);
             }
         }
@@ -219,7 +226,10 @@ impl<'a> Round<'a> {
             self.masters.answered(m);
         }
         for (due, value) in came {
-            if due.tag != self.tag {
+            // Calls of the current send, and calls sent unwatched (a failed attempt's release,
+            // which must run even though nobody waits for it); not calls whose caller gave up.
+            let current = due.tag == self.tag;
+            if !current && due.tag != NOBODY {
                 continue;
             }
             let result = value.extract_error();
@@ -227,10 +237,15 @@ impl<'a> Round<'a> {
                 if wire::no_script(e) {
                     // The master restarted or its scripts were flushed: the worker loads the
                     // script and sends the call again (it did not run).
-                    self.via[m] = Via::Worker;
+                    if current {
+                        self.via[m] = Via::Worker;
+                    }
                     self.hand_over(m, script, Arc::clone(packed), *expires, due.tag, false);
                     continue;
                 }
+            }
+            if !current {
+                continue;
             }
             self.ready.push_back(Reply {
                 master: m,
@@ -405,9 +420,14 @@ impl Drop for Round<'_> {
             if overdue || lane.due.len() > MAX_DUE {
                 continue;
             }
+            // Nobody waits for these replies any more. A call sent unwatched keeps its request,
+            // so that a `NOSCRIPT` still sends it through the worker; a watched one whose caller
+            // gave up must not run late.
             for due in &mut lane.due {
-                due.tag = NOBODY;
-                due.request = None;
+                if due.tag != NOBODY {
+                    due.tag = NOBODY;
+                    due.request = None;
+                }
             }
             if let Some(pool) = self.masters.pool(m) {
                 pool.put(lane);

@@ -6,8 +6,8 @@
 --                     server clock (in microseconds) passes it (see mint in grant.lua)
 -- KEYS[3]  queue      LIST of waiting owner ids (see grant.lua)
 -- KEYS[4]  entries    HASH owner id -> "<expiry ms> <lease ms>"
--- KEYS[5]  released   with ARGV[3] = 'h' only: the owner id of a release that ran here before
---                     its acquire (see quorum_release.lua); that acquire is refused
+-- KEYS[5]  released   with ARGV[3] = 'h' only: ZSET of owner ids whose release ran here before
+--                     their acquire (see quorum_release.lua); their acquires are refused
 -- ARGV[1]  owner id   fresh for every lock call: "<client id>:<sequence>"
 -- ARGV[2]  lease      in milliseconds
 -- ARGV[3]  '0': a single try, never queued; 'h': the same for a quorum attempt, whose refusal
@@ -39,7 +39,7 @@ if ARGV[3] == 'h' then
   local now = redis.call('TIME')
   local clock = now[1] .. string.format('%06d', tonumber(now[2]))
   if holder == false then
-    if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[1] then
+    if KEYS[5] and redis.call('ZSCORE', KEYS[5], ARGV[1]) then
       -- Released before it ran: granting now would leave a key nobody releases.
       return {0, 0, '', clock}
     end

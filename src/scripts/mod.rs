@@ -28,12 +28,8 @@ use crate::key::{millis, LockKeys};
 use crate::net::wire::{self, no_script, Arg, Interrupted};
 use crate::token::FencingToken;
 
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("grant.lua"),
-        include_str!("acquire.lua")
-    ))
-});
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+const ACQUIRE_LUA: &str = concat!(include_str!("grant.lua"), include_str!("acquire.lua"));
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -44,15 +40,17 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// The write-back of a quorum grant (`quorum/acquire.rs`).
-pub(crate) static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("grant.lua"),
-        include_str!("confirm.lua")
-    ))
-});
+pub(crate) static CONFIRM: LazyLock<Script> = LazyLock::new(|| Script::new(CONFIRM_LUA));
+const CONFIRM_LUA: &str = concat!(include_str!("grant.lua"), include_str!("confirm.lua"));
 /// A quorum master's release: compare-and-delete, then a message to waiting clients.
 pub(crate) static QUORUM_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("quorum_release.lua")));
+    LazyLock::new(|| Script::new(QUORUM_RELEASE_LUA));
+const QUORUM_RELEASE_LUA: &str = include_str!("quorum_release.lua");
+
+/// The scripts a quorum lock call sends on its own connections to the masters (`quorum/lanes.rs`),
+/// which load them when they open: a release sent behind a failed attempt waits for no reply, so
+/// a `NOSCRIPT` would lose it, and the key would stay for its lease.
+pub(crate) const LANE_SCRIPTS: [&str; 3] = [ACQUIRE_LUA, CONFIRM_LUA, QUORUM_RELEASE_LUA];
 pub(crate) static QUORUM_FORCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("quorum_force.lua")));
 pub(crate) static QUORUM_STATUS: LazyLock<Script> =

@@ -9,6 +9,7 @@ mod support;
 
 mod edges;
 mod election;
+mod leftovers;
 mod lock_all;
 mod locks;
 mod proposal;
