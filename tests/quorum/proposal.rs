@@ -140,3 +140,73 @@ fn a_proposal_after_a_slow_request_runs_no_further_ahead_of_the_clocks_than_the_
         token - clock
     );
 }
+
+/// A key none of the masters has a counter for is one round too once the client knows their
+/// clocks: each master takes a proposal at or above its clock floor, and the proposal covers
+/// the way there.
+#[test]
+fn a_lock_on_a_new_key_is_held_after_one_round_once_the_clocks_are_known() {
+    let quorum = Quorum::start(5);
+    let client = quorum.client(Duration::from_secs(30));
+    client.lock("warm").unwrap().unlock().unwrap();
+    for round in 0..3 {
+        let key = format!("new-{round}");
+        reset_stats(&quorum);
+        let guard = client.lock(&key).unwrap();
+        let token = guard.token().as_u64();
+        guard.unlock().unwrap();
+        let run = poll_until(Duration::from_secs(5), ms(5), || {
+            let run: Vec<u64> = (0..quorum.len()).map(|i| scripts_run(&quorum, i)).collect();
+            if run.iter().all(|&n| n >= 2) {
+                Ok(run)
+            } else {
+                Err(format!("scripts run per master: {run:?}"))
+            }
+        })
+        .unwrap_or_else(|e| panic!("{key}: the release did not reach every master: {e}"));
+        assert_eq!(
+            run,
+            vec![2; quorum.len()],
+            "{key}: scripts per master for a lock and its unlock (3: a write-back ran)"
+        );
+        let fences: Vec<Option<u64>> = (0..quorum.len()).map(|i| quorum.fence(i, &key)).collect();
+        assert_eq!(fences, vec![Some(token); quorum.len()], "{key}");
+    }
+}
+
+/// A key whose counters run far ahead of the clocks (a master's clock stepped forward for a
+/// while, or a counter set by hand) keeps its own tokens above them, but does not carry the
+/// tokens of every other key ahead with it: those stay within the margin of the clocks, as
+/// the restart rule assumes.
+#[test]
+fn a_key_far_ahead_does_not_carry_other_keys_tokens_ahead() {
+    let quorum = Quorum::start(3);
+    let client = quorum.client(Duration::from_secs(30));
+    client.lock("warm").unwrap().unlock().unwrap();
+    let ahead = quorum.clock_us(0) + 1_000_000_000;
+    for i in 0..quorum.len() {
+        quorum.set_fence(i, "ahead", ahead);
+    }
+    let guard = client.lock("ahead").unwrap();
+    let token = guard.token().as_u64();
+    assert!(token > ahead, "token {token} is not above {ahead}");
+    guard.unlock().unwrap();
+    for key in ["other", "another"] {
+        let guard = client.lock(key).unwrap();
+        let token = guard.token().as_u64();
+        let clock = fastest_clock(&quorum);
+        guard.unlock().unwrap();
+        assert!(
+            token <= clock + 10_000,
+            "{key}: token {token} is {} us ahead of the fastest master's clock {clock}",
+            token.saturating_sub(clock)
+        );
+    }
+    // And "ahead" still rises.
+    let next = client.lock("ahead").unwrap();
+    assert!(
+        next.token().as_u64() > token,
+        "{} after {token}",
+        next.token()
+    );
+}
