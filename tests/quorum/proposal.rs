@@ -239,3 +239,70 @@ fn a_key_far_ahead_does_not_carry_other_keys_tokens_ahead() {
         next.token()
     );
 }
+
+/// The restart rule end to end: master 0's clock runs E ahead of 1 and 2; master 1 loses its
+/// data and serves nothing for longer than E plus 10 ms (and than the lease), which
+/// docs/design.md says is safe. A grant that started after one reported before the loss must
+/// still have the larger token, even when the client had just read the masters' clocks through
+/// a slow request. The loss is FLUSHALL and a freeze, which is what a restart without data
+/// looks like to the clients, with a downtime the test controls to the millisecond.
+#[test]
+fn tokens_rise_across_a_master_that_lost_its_data_for_the_documented_wait() {
+    let lease = Duration::from_secs(1);
+    let mut quorum = Quorum::start_with_clocks(3);
+    let offset = ms(1190);
+    let down = offset + ms(15);
+    quorum.clock(0).forward(offset);
+    let client = quorum.client(lease);
+    for _ in 0..2 {
+        client.lock("k").unwrap().unlock().unwrap();
+        settle(&quorum, "k");
+    }
+    // Master 2 runs nothing from here until the second grant (down, its data kept).
+    quorum.kill(2);
+    // An acquire that 0 and 1 read about 45 ms after it was sent (an attempt waits 50 ms for
+    // a master before it counts as stalled).
+    quorum.freeze(0);
+    quorum.freeze(1);
+    let slow = std::thread::scope(|s| {
+        let call = s.spawn(|| client.lock("k"));
+        std::thread::sleep(ms(45));
+        quorum.thaw(0);
+        quorum.thaw(1);
+        call.join().expect("the lock call")
+    })
+    .unwrap();
+    slow.unlock().unwrap();
+    // The first grant, on 0 and 1, reported and released.
+    let first = client.lock("k").unwrap();
+    let t1 = first.token().as_u64();
+    first.unlock().unwrap();
+    settle(&quorum, "k");
+    // Master 1 loses its data and serves nothing for E + 15 ms; master 2 comes back meanwhile.
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut quorum.connection(1))
+        .unwrap();
+    quorum.freeze(1);
+    let lost = std::time::Instant::now();
+    quorum.restart(2);
+    std::thread::sleep(down.saturating_sub(lost.elapsed()));
+    quorum.thaw(1);
+    assert!(
+        lost.elapsed() >= down,
+        "master 2 took {:?} to come back",
+        lost.elapsed()
+    );
+    // The second grant, on 1 and 2, by another client.
+    quorum.freeze(0);
+    let other = quorum.client(lease);
+    let second = other.lock("k").unwrap();
+    let t2 = second.token().as_u64();
+    second.unlock().unwrap();
+    quorum.thaw_all();
+    assert!(
+        t2 > t1,
+        "the second grant's token {t2} is not above the first's {t1} (by {} us): master 1 lost \
+         its data and served nothing for {down:?}, clock offset {offset:?}",
+        t1 - t2
+    );
+}
