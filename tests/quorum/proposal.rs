@@ -165,7 +165,9 @@ fn a_proposal_after_a_slow_request_runs_no_further_ahead_of_the_clocks_than_the_
 
 /// A key none of the masters has a counter for is one round too once the client knows their
 /// clocks: each master takes a proposal at or above its clock floor, and the proposal covers
-/// the way there.
+/// the way there. On a busy machine a request can take longer to get there than the margin
+/// covers, and that lock takes the write-back round: most of five new keys must not. (With no
+/// margin, none is one round.)
 #[test]
 fn a_lock_on_a_new_key_is_held_after_one_round_once_the_clocks_are_known() {
     let quorum = Quorum::start(5);
@@ -174,7 +176,8 @@ fn a_lock_on_a_new_key_is_held_after_one_round_once_the_clocks_are_known() {
         client.lock("warm").unwrap().unlock().unwrap();
         settle(&quorum, "warm");
     }
-    for round in 0..3 {
+    let mut runs = Vec::new();
+    for round in 0..5 {
         let key = format!("new-{round}");
         reset_stats(&quorum);
         let guard = client.lock(&key).unwrap();
@@ -189,18 +192,24 @@ fn a_lock_on_a_new_key_is_held_after_one_round_once_the_clocks_are_known() {
             }
         })
         .unwrap_or_else(|e| panic!("{key}: the release did not reach every master: {e}"));
-        // A write-back runs a third script on a majority. (A master that got the request late,
-        // on a busy machine, may find the proposal below its clock and mint: a minority may.)
-        assert!(
-            run.iter().filter(|&&n| n >= 3).count() < quorum.majority(),
-            "{key}: scripts per master for a lock and its unlock {run:?} (3: a write-back ran)"
-        );
+        // The token stands on a majority either way (taken, or written back).
         let fences: Vec<Option<u64>> = (0..quorum.len()).map(|i| quorum.fence(i, &key)).collect();
         assert!(
             fences.iter().filter(|&&f| f == Some(token)).count() >= quorum.majority(),
             "{key}: token {token}, fences {fences:?}"
         );
+        runs.push(run);
     }
+    // A write-back runs a third script on a majority.
+    let one_round = runs
+        .iter()
+        .filter(|run| run.iter().filter(|&&n| n >= 3).count() < quorum.majority())
+        .count();
+    assert!(
+        one_round >= 3,
+        "{one_round} of 5 new keys were one round; scripts per master for each lock and its \
+         unlock (3: a write-back ran): {runs:?}"
+    );
 }
 
 /// A key whose counters run far ahead of the clocks (a master's clock stepped forward for a
