@@ -253,7 +253,8 @@ const RAW_LEASE_MS: u64 = 30_000;
 const RAW_IDLE_MS: u64 = 86_400_000;
 
 /// The quorum protocol on plain connections from one thread, with fencelock's scripts: acquire
-/// on all proposing a token (the largest master clock last read, plus the time since), held on
+/// on all proposing a token (the largest master clock last read, plus the time since and a
+/// margin), held on
 /// a majority of grants that took it; otherwise confirm the largest token on those that
 /// granted, held on a majority of confirms; release on all, done on a majority. No renewal, no
 /// waiting, no subscriptions: what the protocol's round trips cost, with nothing of the engine.
@@ -293,9 +294,10 @@ impl RawQuorum {
         let q = self.fanout.len() / 2 + 1;
         let sent = Instant::now();
         // The engine's proposal (quorum/propose.rs): the largest master clock it read, plus
-        // the time since that request went out, plus its round trip.
+        // the time since its reply came, plus twice its round trip (at most 10 ms).
         let proposal = self.clock.map_or(0, |(clock, at, heard)| {
-            let ahead = sent.duration_since(at) + heard.duration_since(at);
+            let margin = (heard.duration_since(at) * 2).min(Duration::from_millis(10));
+            let ahead = sent.saturating_duration_since(heard) + margin;
             clock + u64::try_from(ahead.as_micros()).expect("µs")
         });
         let proposal = proposal.max(self.proposed + 1);

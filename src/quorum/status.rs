@@ -10,8 +10,9 @@ use crate::status::LockStatus;
 use crate::token::FencingToken;
 
 /// How the lock stands on a majority: held when a majority holds one owner's key; its
-/// token is then the fence value a majority of the holder's masters share (the write-back
-/// set every confirmed master's counter to it, and nothing changes it while the lock is
+/// token is then the fence value a majority of the holder's masters share (the masters that
+/// took the attempt's proposal hold it, as the write-back sets every confirmed master's
+/// counter to it when fewer than a majority took it; nothing changes it while the lock is
 /// held).
 pub(super) fn status(q: &Quorum, keys: &LockKeys) -> Result<LockStatus> {
     let until = Instant::now() + q.response_timeout;

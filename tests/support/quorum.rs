@@ -177,6 +177,15 @@ impl Quorum {
         self.killed_at[i].is_some()
     }
 
+    /// SIGKILL master `i`, keeping its data files: [`Quorum::restart`] brings it back with
+    /// every write it acknowledged (AOF, fsync always). Unlike a frozen master, it runs nothing
+    /// of what was sent to it meanwhile.
+    pub fn kill(&mut self, i: usize) {
+        self.thaw(i);
+        self.servers[i].kill();
+        self.killed_at[i] = Some(Instant::now());
+    }
+
     /// SIGKILL master `i` and delete its data files (the AOF directory and any RDB): it comes
     /// back empty from [`Quorum::restart`], as a master that lost its disk would.
     pub fn kill_and_wipe(&mut self, i: usize) {
