@@ -15,7 +15,9 @@
 //! (the pool is empty; the worker opens a lane for the pool after it answers), a lane that broke
 //! under a request (sent again on the worker's connection, marked `retried` as the worker marks
 //! it), a `NOSCRIPT` refusal (the worker loads the script and sends it again), and calls that must
-//! not run twice. Only `redis://` masters over TCP in RESP2 have lanes; TLS and Unix-socket
+//! not run twice. Calls sent unwatched (a failed attempt's release) take the same way on
+//! `NOSCRIPT` or a broken lane, even when read by a later round: nobody waits for them, but they
+//! must run. Only `redis://` masters over TCP in RESP2 have lanes; TLS and Unix-socket
 //! masters are served by their workers alone.
 //!
 //! Requests from one round to one master go on one lane in order, so a failed attempt's release
