@@ -9,7 +9,8 @@
 //! - **Uncontended**: lock + unlock of a fresh key, U times, each just after a parallel round, in
 //!   four blocks taken in turns (fencelock, redlock, fencelock, ...). redlock's is `acquire` +
 //!   `release` (two rounds, both waited for on a majority; no token); fencelock's is `lock` +
-//!   `unlock` (three: acquire, the write-back of the token, release).
+//!   `unlock` (two: acquire proposing the token, release; a third, the write-back of the token,
+//!   when a majority of the masters did not take the proposal).
 //! - **Contention**: 8 workers on one key for D_MS, in two turns each: fencelock 8 threads of one
 //!   client (`lock()` waits without polling), redlock 8 async workers of one process (retrying
 //!   every 10 ms ± 10 ms, without end). Each worker releases as soon as it is granted, then
