@@ -8,12 +8,18 @@
  *
  * THE PROTOCOL (one attempt of one client; Q = N/2 + 1)
  *
- *   Phase 1, acquire: send acquire(owner) to every node; owner is fresh for every attempt.
- *     acquire on a node: if the lock key is free, mint a token (fence := max(fence + 1, clock)),
- *     set the lock key to owner with the lease, reply {1, token}; if it holds owner, re-arm the
- *     lease and reply {1, fence}; else reply {0}.
- *   Decide: with >= Q grants in hand and the validity not yet over, T := the largest token of
- *     the grants; else give up.
+ *   Phase 1, acquire: send acquire(owner, P) to every node; owner is fresh for every attempt,
+ *     P is a proposal the client picks (any number).
+ *     acquire on a node: if the lock key is free: if P is above every token the node stored
+ *     (the fence exists and P > fence, or there is no fence and P >= clock), take it
+ *     (fence := P) and reply {1, P, accepted}; else mint a token (fence := max(fence + 1,
+ *     clock)) and reply {1, token, not accepted}; either way set the lock key to owner with the
+ *     lease. If the lock key holds owner, re-arm the lease and reply {1, fence, accepted iff
+ *     fence = P}; else reply {0}.
+ *   Decide: with >= Q grants in hand and the validity not yet over: if >= Q of the grants
+ *     counted accepted P, report the grant with token P at once (the fast path: no phase 2);
+ *     else T := the largest token of the grants (P for an accepted one) and phase 2. Without
+ *     Q grants, give up.
  *   Phase 2, write-back: send confirm(owner, T) to every node that granted.
  *     confirm on a node: if the lock key holds owner, raise the fence to T if it is below
  *     (fence := max(fence, T)), re-arm the lease (never shortening it), reply 1; else reply 0.
@@ -30,9 +36,12 @@
  * phase-1 reply granted)
  *
  *   state     event                                     action                      next
- *   IDLE      attempts left                             t0 := now, send acquire     P1
- *   P1        >= Q grants and now < t0 + L - DRIFT      T := max token, send        P2
- *                                                       confirm(T) to granting
+ *   IDLE      attempts left                             t0 := now, pick P, send     P1
+ *                                                       acquire(P)
+ *   P1        >= Q grants, >= Q of them accepted P,     report the grant, token P   HOLD
+ *             and now < t0 + L - DRIFT
+ *   P1        >= Q grants, < Q of them accepted P,      T := max token, send        P2
+ *             and now < t0 + L - DRIFT                  confirm(T) to granting
  *   P1        gives up (any time: timeout, no quorum)   send release                IDLE
  *   P2        >= Q confirms and now < t0 + L - DRIFT    report the grant, token T   HOLD
  *   P2        gives up (any time)                       send release                IDLE
@@ -50,7 +59,7 @@
  * WHAT IS MODELLED
  *
  *   - Nodes: the lock key (owner or 0, and how long until its lease may run out), the fence
- *     counter, up or crashed. Every script runs atomically on its node (d_step), as Redis runs
+ *     counter, the clock (as floor, below), up or crashed. Every script runs atomically on its node (d_step), as Redis runs
  *     scripts one at a time.
  *   - Network: a request sent to a node is pending until the node runs it, which may be at any
  *     later time or never; the pending requests of one client on one node run in any order
@@ -74,15 +83,24 @@
  *           mutual exclusion only).
  *     Under this rule a crash changes nothing a client or a token can observe that delays,
  *     lost requests and leases running out do not already give: max(fence, floor), from which
- *     every token is computed, is what the fence would have been. This is why the larger runs
- *     leave crashes out. A fence counter that expires after idle (lapse_at in grant.lua) is the
+ *     every token is minted and above which a proposal is accepted, is what the fence would
+ *     have been (a node whose clock ran ahead of its fence accepts fewer proposals after the
+ *     restart, no more). This is why the larger runs leave crashes out. A fence counter that expires after idle (lapse_at in grant.lua) is the
  *     same event, gone only once the clock is past it, so it is not modelled on its own.
- *   - Tokens: mint gives max(fence + 1, clock), and only their order matters. Runs with LEAD
- *     start with node 0 (the nodes are symmetric: any node) one token ahead of the others or
- *     not: a node whose clock is ahead, or that granted before. BUMPS lets a node's counter go
- *     up by one at any time (its clock running ahead, or a grant to another client that came
- *     and went), BUMPS times in a run. Tokens are checked with no clock assumption other than
+ *   - Tokens: mint gives max(fence + 1, clock), and only their order matters: tokens are small
+ *     numbers, and a node's clock reads floor + 1 (0 until a restart or a bump), so mint is
+ *     max(fence, floor) + 1. Runs with LEAD start with node 0 (the nodes are symmetric: any
+ *     node) as the others, or one token ahead (fence 1: a node that granted before, or whose
+ *     clock is ahead), or with fence 1 and its clock at 3 (a node that granted before and whose
+ *     clock has since moved on: it accepts P = 2 though it would mint 3). BUMPS lets a node's
+ *     clock move on at any time so that it mints one more than it would have (its fence
+ *     stays), BUMPS times in a run. Tokens are checked with no clock assumption other than
  *     restart rule (a).
+ *   - Proposals: a client picks P in 0 .. PMAX at the start of each attempt, every value a
+ *     run of its own (so below, equal to and above the fences and clocks of the moment; P = 0
+ *     is below every clock, as a client whose estimate is far behind, and is never accepted:
+ *     the protocol without proposals). PMAX bounds the search, and is set per run
+ *     (model/check).
  *   - Time (TIMED runs only): a discrete tick; every duration is kept as ticks left, so runs
  *     are unbounded in time. A lease set or re-armed now lasts at least L - D ticks of true
  *     time and then runs out at any time (a slow node clock may keep it longer); D bounds how
@@ -99,7 +117,8 @@
  *   minimum validity (report needs one tick of validity left), the time a script takes (none),
  *   owner ids other than "equal or not", token values other than their order, renewals in
  *   untimed runs (they cannot change a token), and resending a request within one phase.
- *   NOTOKENS runs (mutual exclusion only) do not keep fences at all.
+ *   NOTOKENS runs (mutual exclusion only) do not keep fences at all, and there a client that
+ *   has its majority of grants may take the fast path or phase 2 as it likes.
  *
  * PROPERTIES (assert, checked when a client reports a grant or renews)
  *
@@ -111,16 +130,23 @@
  *
  * CONFIGURATION (-D on the spin command line; model/check lists the runs)
  *
- *   N nodes (3 or 5), C clients, A attempts per client (1 or 2), LEAD, BUMPS, CRASHES, TIMED
- *   with L, D, DRIFT and RENEW (renewal rounds per grant), NOTOKENS.
- *   Broken variants that must fail: NO_WRITEBACK (confirm does not raise the fence),
+ *   N nodes (3 or 5), C clients, A attempts per client (1 or 2), PMAX (proposals 0 .. PMAX,
+ *   at most 6; default 4), LEAD, BUMPS, CRASHES, TIMED with L, D, DRIFT and RENEW (renewal
+ *   rounds per grant), NOTOKENS.
+ *   Broken variants that must fail: ACCEPT_ANY (a node with a fence accepts any proposal,
+ *   without P > fence), FAST_ON_ONE (the fast path with a majority of grants of which one, not
+ *   Q, accepted P), ACCEPT_NO_CLOCK (a node with no fence accepts any proposal, without
+ *   P >= clock), NO_WRITEBACK (confirm does not raise the fence),
  *   NO_CONFIRM_CHECK (confirm does not check that the lock key is still ours), EAGER_RESTART
  *   (a node restarts empty at once: its clock behind its tokens, its leases not run out),
  *   NO_VALIDITY (the client does not check the validity and counts the lease from the
  *   report), REUSE_OWNER (one owner id for all the attempts of a client).
  *   REACH=n asserts that fewer than n grants are reported: it must fail, to show that runs
  *   with n grants exist and the properties are not true for want of grants. REACH_RENEW
- *   asserts that no renewal holds the lock longer: it must fail too.
+ *   asserts that no renewal holds the lock longer: it must fail too, and so must REACH_FAST=n,
+ *   which asserts that fewer than n grants are reported by the fast path.
+ *
+ *   The printf lines say what happens in a trail (spin -t); the verifier does not run them.
  */
 
 #ifndef N
@@ -137,6 +163,13 @@
 #endif
 #ifndef CRASHES
 #define CRASHES 0
+#endif
+#ifdef NOTOKENS
+#undef PMAX
+#define PMAX 0
+#endif
+#ifndef PMAX
+#define PMAX 4
 #endif
 #ifdef TIMED
 #ifndef L
@@ -179,7 +212,8 @@
 /* Nodes. */
 byte lock[N];          /* owner id holding the lock key, 0: free */
 byte fence[N];         /* fence counter, 0: absent */
-byte floor[N];         /* what the clock is known to be past (restart rule (a)); 0 before a crash */
+byte floor[N];         /* the clock is past floor: it reads floor + 1 in token units (raised by a
+                        * restart, rule (a), and by BUMPS) */
 bool down[N];          /* crashed, not yet restarted */
 byte crashes = CRASHES;
 byte bumps = BUMPS;    /* counter bumps left (see node) */
@@ -191,11 +225,13 @@ byte ke[N];            /* ticks until the lease of lock[k] may run out (0: it ma
 byte pend[C * N];      /* requests of client c that node k has not run: BIT(kind, attempt) */
 byte okb[C];           /* nodes whose reply of the current phase of client c said yes, one bit
                         * each: granted (P1), confirmed (P2), extended (RENEWING) */
+byte accb[C];          /* P1: nodes whose grant was counted and accepted the proposal */
 byte gmax[C];          /* P1: the largest token granted so far */
 
 /* Clients. */
 byte st[C];            /* IDLE, P1, P2, HOLD, RENEWING */
 byte att[C];           /* the current attempt, 0 .. A - 1; A: no attempt left */
+byte prop[C * A];      /* the proposal P of attempt a of client c (acquire carries it) */
 byte tok[C * A];       /* T of attempt a of client c, once decided (confirm carries it) */
 #ifdef TIMED
 byte cdl[C];           /* ticks until the deadline: validity left in P1 and P2, and the lock
@@ -211,8 +247,14 @@ byte low[C];           /* maxrep when the current attempt of client c started */
 #ifdef REACH
 byte nrep;             /* number of grants reported */
 #endif
+#ifdef REACH_FAST
+byte nfast;            /* number of grants reported by the fast path */
+#endif
 
 #define MAX(x, y) ((x) > (y) -> (x) : (y))
+
+/* The number of bits set among the low five of x (N <= 5). */
+#define NB(x) (((x) & 1) + (((x) >> 1) & 1) + (((x) >> 2) & 1) + (((x) >> 3) & 1) + (((x) >> 4) & 1))
 
 /* Dead requests. A confirm or extend of attempt a of client c pending on node k can only do
  * something if the lock key there is that attempt's, now or once its acquire runs. When neither
@@ -264,6 +306,22 @@ inline count_ok(c, n) {
                             pend[c * N + 4]) & BIT(CNF, a))
 #endif
 
+/* Whether an acquire of attempt a of client c waits to run on some node. */
+#if N == 3
+#define ACQ_PENDING(c, a) ((pend[c * N] | pend[c * N + 1] | pend[c * N + 2]) & BIT(ACQ, a))
+#elif N == 5
+#define ACQ_PENDING(c, a) ((pend[c * N] | pend[c * N + 1] | pend[c * N + 2] | pend[c * N + 3] | \
+                            pend[c * N + 4]) & BIT(ACQ, a))
+#endif
+
+/* Once nothing needs P of attempt a of client c any more (phase 1 is over and no acquire of
+ * the attempt waits to run), forget it (0), so that states that differ in it only are one. */
+#define FORGET_PROP(c, a) \
+  if \
+  :: (att[c] != a || st[c] != P1) && !ACQ_PENDING(c, a) -> prop[c * A + a] = 0 \
+  :: else -> skip \
+  fi
+
 /* Once nothing needs T of attempt a of client c any more, forget it (0), so that states that
  * differ in it only are one. */
 #define FORGET_TOK(c, a) \
@@ -274,13 +332,16 @@ inline count_ok(c, n) {
 
 /* Gives up the current attempt (or the grant): the release it sends is RELEASED (node). */
 inline give_up(c) {
+  printf("client %d attempt %d: ends (release)\n", c, att[c]);
   okb[c] = 0;
+  accb[c] = 0;
   gmax[c] = 0;
 #ifdef TIMED
   cdl[c] = 0; rnd[c] = 0; ren[c] = 0;
 #endif
   st[c] = IDLE;
   FORGET_TOK(c, att[c]);
+  FORGET_PROP(c, att[c]);
   att[c]++
 }
 
@@ -320,92 +381,148 @@ inline check_me() {
  * of one in which c starts first: only the latter are explored (symmetry reduction). */
 #define STARTED_BEFORE(c) (c == 0 || att[c - 1] > 0 || st[c - 1] != IDLE)
 
+/* Starts attempt att[c] of client c with proposal v: IDLE -> P1, send acquire(owner, v). */
+inline start(c, v) {
+  prop[c * A + att[c]] = v;
+  okb[c] = 0;
+  accb[c] = 0;
+  low[c] = maxrep;
+#ifdef TIMED
+  cdl[c] = L - DRIFT;
+#endif
+  st[c] = P1;
+  printf("client %d attempt %d: acquire, P = %d\n", c, att[c], v);
+  send_all(c, ACQ)
+}
+
+/* Reports the grant of the current attempt of client c with token i (from P1 by the fast path,
+ * from P2 after the write-back), checking the properties. */
+inline report(c, fast) {
+  /* P1: distinct from every reported token, above every token reported before the attempt
+   * started. */
+  printf("client %d attempt %d: REPORTED, token %d (fast path: %d)\n", c, att[c], i, fast);
+#ifndef NOTOKENS
+  assert(i > low[c]);
+  assert(i < 32 && (seen & (1 << i)) == 0);
+#ifdef TIMED
+  /* P2: above every token reported before. */
+  assert(i > maxrep);
+#endif
+  seen = seen | (1 << i);
+  maxrep = MAX(maxrep, i);
+#endif
+#ifdef TIMED
+#ifdef NO_VALIDITY
+  cdl[c] = L - DRIFT;
+#endif
+  ren[c] = RENEW;
+#endif
+#ifdef REACH
+  nrep++;
+  assert(nrep < REACH);
+#endif
+#ifdef REACH_FAST
+  nfast = nfast + fast;
+  assert(nfast < REACH_FAST);
+#endif
+#ifdef TIMED
+  okb[c] = 0;
+  accb[c] = 0;
+  gmax[c] = 0;
+  st[c] = HOLD;
+  FORGET_TOK(c, att[c]);
+  FORGET_PROP(c, att[c]);
+  check_me()
+#else
+  /* untimed, holding changes nothing more: no clock, no renewal, and a release is the same as
+   * the lease running out, which may happen at any time */
+  give_up(c)
+#endif
+}
+
+/* The fast path: a majority of grants is counted, and enough of them accepted the proposal. In
+ * NOTOKENS runs there are no fences to accept against: the client may take either path. */
+#ifdef NOTOKENS
+#define FAST(c) true
+#define SLOW(c) true
+#elif defined(FAST_ON_ONE)
+#define FAST(c) (NB(accb[c]) >= 1)
+#define SLOW(c) (!FAST(c))
+#else
+#define FAST(c) (NB(accb[c]) >= Q)
+#define SLOW(c) (!FAST(c))
+#endif
+
+/* IDLE -> P1 with proposal v, one alternative per value (d_step runs its choices
+ * deterministically, so the choice of P is one step per value). */
+#define START(v) \
+  :: d_step { st[c] == IDLE && att[c] < A && STARTED_BEFORE(c) -> start(c, v) }
+
 /* A client: the state table of the header. */
 proctype client(byte c)
 {
   byte k, n, i;
 end:
   do
-  /* IDLE -> P1: start an attempt. */
-  :: d_step {
-       st[c] == IDLE && att[c] < A && STARTED_BEFORE(c) ->
-       okb[c] = 0;
-       low[c] = maxrep;
-#ifdef TIMED
-       cdl[c] = L - DRIFT;
+  /* IDLE -> P1: start an attempt, with a proposal P in 0 .. PMAX. */
+  START(0)
+#if PMAX >= 1
+  START(1)
 #endif
-       st[c] = P1;
-       send_all(c, ACQ)
-     }
-  /* P1 -> P2: a majority granted in time: T := max token, confirm on the granting nodes. */
+#if PMAX >= 2
+  START(2)
+#endif
+#if PMAX >= 3
+  START(3)
+#endif
+#if PMAX >= 4
+  START(4)
+#endif
+#if PMAX >= 5
+  START(5)
+#endif
+#if PMAX >= 6
+  START(6)
+#endif
+  /* P1 -> HOLD, the fast path: a majority granted in time, and Q of the grants counted accepted
+   * P: the grant is reported with token P, no write-back. */
   :: d_step {
-       st[c] == P1 && VALID(c) ->
-       count_ok(c, n);
-       if
-       :: n >= Q ->
-          tok[c * A + att[c]] = gmax[c];
-          gmax[c] = 0;
-          do
-          :: k < N ->
-             if
-             :: (okb[c] & (1 << k)) && !down[k] ->
-                pend[c * N + k] = pend[c * N + k] | BIT(CNF, att[c])
-             :: else -> skip
-             fi;
-             k++
-          :: else -> break
-          od;
-          k = 0;
-          okb[c] = 0;
-          st[c] = P2
-       :: else -> skip    /* no majority: this alternative changes nothing */
-       fi;
-       n = 0
+       st[c] == P1 && VALID(c) && NB(okb[c]) >= Q && FAST(c) ->
+       i = prop[c * A + att[c]];
+       report(c, 1);
+       i = 0
+     }
+  /* P1 -> P2: a majority granted in time, fewer than Q accepted P: T := max token (an
+   * accepted grant's token is P), confirm on the granting nodes. */
+  :: d_step {
+       st[c] == P1 && VALID(c) && NB(okb[c]) >= Q && SLOW(c) ->
+       tok[c * A + att[c]] = gmax[c];
+       gmax[c] = 0;
+       do
+       :: k < N ->
+          if
+          :: (okb[c] & (1 << k)) && !down[k] ->
+             pend[c * N + k] = pend[c * N + k] | BIT(CNF, att[c])
+          :: else -> skip
+          fi;
+          k++
+       :: else -> break
+       od;
+       k = 0;
+       okb[c] = 0;
+       accb[c] = 0;
+       st[c] = P2;
+       printf("client %d attempt %d: T = %d, confirm\n", c, att[c], tok[c * A + att[c]]);
+       FORGET_PROP(c, att[c])
      }
   /* P1 or P2 -> IDLE: give up (timeout, no quorum, or just slow). */
   :: d_step { (st[c] == P1 || st[c] == P2) -> give_up(c) }
   /* P2 -> HOLD: a majority confirmed in time: the grant is reported with token T. */
   :: d_step {
-       st[c] == P2 && VALID(c) ->
-       count_ok(c, n);
-       if
-       :: n >= Q ->
-          i = tok[c * A + att[c]];
-          /* P1: distinct from every reported token, above every token reported before the
-           * attempt started. */
-#ifndef NOTOKENS
-          assert(i > low[c]);
-          assert(i < 32 && (seen & (1 << i)) == 0);
-#ifdef TIMED
-          /* P2: above every token reported before. */
-          assert(i > maxrep);
-#endif
-          seen = seen | (1 << i);
-          maxrep = MAX(maxrep, i);
-#endif
-#ifdef TIMED
-#ifdef NO_VALIDITY
-          cdl[c] = L - DRIFT;
-#endif
-          ren[c] = RENEW;
-#endif
-#ifdef REACH
-          nrep++;
-          assert(nrep < REACH);
-#endif
-#ifdef TIMED
-          okb[c] = 0;
-          st[c] = HOLD;
-          FORGET_TOK(c, att[c]);
-          check_me()
-#else
-          /* untimed, holding changes nothing more: no clock, no renewal, and a release is
-           * the same as the lease running out, which may happen at any time */
-          give_up(c)
-#endif
-       :: else -> skip
-       fi;
-       n = 0; i = 0
+       st[c] == P2 && VALID(c) && NB(okb[c]) >= Q ->
+       i = tok[c * A + att[c]];
+       report(c, 0);
+       i = 0
      }
 #ifdef TIMED
   /* HOLD -> RENEWING: send extend everywhere. */
@@ -445,8 +562,8 @@ end:
 #define PENDING(kind, a) (a < A && !down[k] && (pend[c * N + k] & BIT(kind, a)))
 #define TAKE(kind, a) pend[c * N + k] = pend[c * N + k] & ~BIT(kind, a)
 
-/* Mints a token on node k: max(fence + 1, clock), the clock being j ahead of the counter (or of
- * floor: after a restart the clock is past every token the node stored before). */
+/* Mints a token on node k: max(fence + 1, clock), the clock reading floor + 1 (after a restart
+ * the clock is past every token the node stored before; BUMPS move it ahead). */
 inline mint(k, t) {
 #ifdef NOTOKENS
   t = 1
@@ -456,22 +573,50 @@ inline mint(k, t) {
 #endif
 }
 
-/* acquire.lua, Queue::Never form. */
+/* Whether node k accepts proposal p: p is above every token it ever stored. With a fence, p
+ * above it (the clock is not looked at: the fence is above every token stored, and may be
+ * behind the clock); with none (fresh, restarted empty), p at or above the clock, floor + 1,
+ * which by restart rule (a) is above every token stored before the restart. P = 0 is below
+ * every clock: never accepted (a client whose estimate is far behind). */
+#if defined(NOTOKENS)
+#define ACCEPTS(k, p) false
+#elif defined(ACCEPT_ANY)
+/* broken: no check of p against the fence */
+#define ACCEPTS(k, p) ((fence[k] > 0 && p > 0) || (fence[k] == 0 && p > floor[k]))
+#elif defined(ACCEPT_NO_CLOCK)
+/* broken: with no fence, p is taken whatever the clock */
+#define ACCEPTS(k, p) ((fence[k] > 0 && p > fence[k]) || (fence[k] == 0 && p > 0))
+#else
+#define ACCEPTS(k, p) ((fence[k] > 0 && p > fence[k]) || (fence[k] == 0 && p > floor[k]))
+#endif
+
+/* The token of a grant on node k for proposal p: p if the node accepts it (the fence becomes
+ * p), else minted. acc: whether it is p. */
+inline take_or_mint(k, p, t, acc) {
+  if
+  :: ACCEPTS(k, p) -> fence[k] = p; t = p; acc = 1
+  :: else -> mint(k, t); acc = 0
+  fi
+}
+
+/* acquire.lua, quorum form, with the proposal p of the attempt. */
 inline acquire(a, keep) {
   TAKE(ACQ, a);
+  p = prop[c * A + a];
   if
   :: lock[k] == 0 ->
-     mint(k, t);
+     take_or_mint(k, p, t, acc);
      lock[k] = OWNER(c, a);
 #ifdef TIMED
      ke[k] = L - D
 #endif
   :: lock[k] == OWNER(c, a) ->
-     /* ours already: only with REUSE_OWNER (a late grant of an earlier attempt) */
+     /* ours already: only with REUSE_OWNER (a late grant of an earlier attempt); a request run
+      * twice (resent) is not modelled */
      REARM(k);
      if
-     :: fence[k] > 0 -> t = fence[k]
-     :: else -> mint(k, t)
+     :: fence[k] > 0 -> t = fence[k]; acc = (fence[k] == p)
+     :: else -> take_or_mint(k, p, t, acc)
      fi
   :: else ->
      t = 0;
@@ -479,12 +624,15 @@ inline acquire(a, keep) {
      TAKE(EXT, a);   /* dead: the key will not be ours */
 #endif
   fi;
+  printf("node %d: acquire of client %d attempt %d, P = %d: token %d, accepted %d, reply kept %d, fence %d\n",
+         k, c, a, p, t, acc, keep, fence[k]);
   if
   :: keep && t > 0 && st[c] == P1 && att[c] == a ->
-     okb[c] = okb[c] | (1 << k); gmax[c] = MAX(gmax[c], t)
+     okb[c] = okb[c] | (1 << k); accb[c] = accb[c] | (acc << k); gmax[c] = MAX(gmax[c], t)
   :: else -> skip
   fi;
-  t = 0
+  FORGET_PROP(c, a);
+  t = 0; p = 0; acc = 0
 }
 
 /* confirm.lua: the write-back. */
@@ -502,6 +650,8 @@ inline confirm(a, keep) {
 #ifndef NO_WRITEBACK
   if :: t == 1 -> fence[k] = MAX(fence[k], tok[c * A + a]) :: else -> skip fi;
 #endif
+  printf("node %d: confirm of client %d attempt %d, T = %d: %d, fence %d\n", k, c, a,
+         tok[c * A + a], t, fence[k]);
   if
   :: keep && t == 1 && st[c] == P2 && att[c] == a -> okb[c] = okb[c] | (1 << k)
   :: else -> skip
@@ -541,7 +691,8 @@ inline extend(a, keep) {
 
 proctype conn(byte c; byte k)
 {
-  byte t;
+  byte t, p;
+  bit acc;
 end:
   do
   RUN_ACQ(0)
@@ -579,6 +730,7 @@ end:
   /* The lease runs out (TIMED: not before ke[k] ticks; else at any time). */
   :: d_step {
        lock[k] != 0 && EXPIRED(k) ->
+       printf("node %d: lease of owner %d runs out\n", k, lock[k]);
        KEY_GONE(k);
        lock[k] = 0
 #ifdef TIMED
@@ -588,19 +740,27 @@ end:
   /* release.lua of an attempt that is over: compare and delete. */
   :: d_step {
        lock[k] != 0 && !down[k] && RELEASED(lock[k]) ->
+       printf("node %d: release of owner %d\n", k, lock[k]);
        KEY_GONE(k);
        lock[k] = 0
 #ifdef TIMED
        ; ke[k] = 0
 #endif
      }
-  /* The clock of the node runs ahead of the counter, or a grant to some other client came and
-   * went: the next token is one higher than it would have been. */
-  :: d_step { bumps > 0 && !down[k] -> bumps--; fence[k] = MAX(fence[k], floor[k]) + 1 }
+  /* The clock of the node runs ahead: the next token it mints is one higher than it would have
+   * been. The clock moves, not the fence: a node with a fence still accepts a proposal above
+   * the fence and below the clock. */
+  :: d_step {
+       bumps > 0 && !down[k] ->
+       bumps--;
+       floor[k] = MAX(fence[k], floor[k]) + 1;
+       printf("node %d: clock ahead, %d\n", k, floor[k] + 1)
+     }
   /* Crash: the requests not yet run are lost. */
   :: d_step {
        !down[k] && crashes > 0 ->
        crashes--;
+       printf("node %d: crash\n", k);
        down[k] = true;
        i = 0;
        do
@@ -621,7 +781,8 @@ end:
 #endif
        fence[k] = 0;
        lock[k] = 0;
-       down[k] = false
+       down[k] = false;
+       printf("node %d: restarts empty, clock %d\n", k, floor[k] + 1)
      }
   od
 }
@@ -656,11 +817,17 @@ end:
 init {
   byte c, k;
   atomic {
-    assert(A <= 2 && (N == 3 || N == 5));
+    assert(A <= 2 && (N == 3 || N == 5) && PMAX <= 6);
 #ifdef LEAD
     /* node 0 starts one token ahead of the others, or not (the nodes are symmetric, so one
      * node stands for any) */
-    if :: fence[0] = 1 :: skip fi;
+    if
+    :: fence[0] = 1; printf("node 0: fence 1\n")
+#ifndef NOTOKENS
+    :: fence[0] = 1; floor[0] = 2; printf("node 0: fence 1, clock 3\n")
+#endif
+    :: skip
+    fi;
 #endif
     c = 0;
     do
