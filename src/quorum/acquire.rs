@@ -211,7 +211,8 @@ fn attempt(
     // deadline that is all but past still gets its attempt. No majority answering within a
     // connection and a response timeout of the last time one did is a timeout (a worker
     // connecting to a frozen master can take both).
-    let patience = q.gives_up_at(quiet.unwrap_or(t0)).max(t0 + MIN_WAIT);
+    let gives_up = q.gives_up_at(quiet.unwrap_or(t0));
+    let patience = gives_up.max(t0 + MIN_WAIT);
     let stop = deadline
         .map_or(valid_until, |d| d.max(t0 + MIN_WAIT).min(valid_until))
         .min(patience);
@@ -323,7 +324,10 @@ fn attempt(
             let first = failed.iter().position(RedisError::is_timeout).unwrap_or(0);
             return Err(Error::from_redis(failed.swap_remove(first)));
         }
-        if granted.len() + held.len() < q.majority && Instant::now() >= patience {
+        // Against the call's patience, not this attempt's wait: once the patience is past, an
+        // attempt whose masters are all stalled ends at once, before its own least wait, and
+        // counting from that would make the call attempt again and again without a pause.
+        if granted.len() + held.len() < q.majority && Instant::now() >= gives_up {
             return Err(Error::Timeout(
                 "no majority of the masters answered in time".into(),
             ));
