@@ -33,42 +33,14 @@
 --                      was released here already.
 --                      A waiter's entry is made or refreshed to outlive its next unprompted
 --                      attempt, at the holder's expiry.
-local holder = redis.call('GET', KEYS[1])
-if ARGV[3] == 'h' then
-  -- A quorum attempt (model/README.md): never queued, and every reply carries the clock.
+
+-- The server's clock (TIME) in microseconds, as decimal digits: a quorum reply carries it.
+local function clock()
   local now = redis.call('TIME')
-  local clock = now[1] .. string.format('%06d', tonumber(now[2]))
-  if holder == false then
-    if KEYS[5] and redis.call('ZSCORE', KEYS[5], ARGV[1]) then
-      -- Released before it ran: granting now would leave a key nobody releases.
-      return {0, 0, '', clock}
-    end
-    -- propose's first write is the fence's (SET or INCR), before the lock's, as in grant.
-    local token, taken = propose(KEYS[2], ARGV[4], ARGV[5], clock)
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {1, token, taken, clock}
-  end
-  if holder == ARGV[1] then
-    -- A request that ran twice. The counter only rose since our grant set it, so if it equals
-    -- the proposal, it was below the proposal when we were granted: taken, as far as the client
-    -- can count it.
-    rearm(KEYS[1], ARGV[2])
-    local token = redis.call('GET', KEYS[2])
-    if token == false then
-      token = mint(KEYS[2], ARGV[4])
-    end
-    return {1, token, token == ARGV[5] and 1 or 0, clock}
-  end
-  return {0, redis.call('PTTL', KEYS[1]), holder, clock}
+  return now[1] .. string.format('%06d', tonumber(now[2]))
 end
-if holder == false then
-  -- grant first: under maxmemory Redis refuses only a script's first write, and INCR must be it.
-  local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4])
-  if ARGV[3] == '2' then
-    dequeue(KEYS[3], KEYS[4], ARGV[1])
-  end
-  return {1, token}
-end
+
+local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   rearm(KEYS[1], ARGV[2])
   -- Nobody else was granted since our grant minted the counter's value. If the counter is gone
@@ -77,6 +49,35 @@ if holder == ARGV[1] then
   local token = redis.call('GET', KEYS[2])
   if token == false then
     token = mint(KEYS[2], ARGV[4])
+  end
+  if ARGV[3] == 'h' then
+    -- A quorum request that ran twice. The counter only rose since our grant set it, so if it
+    -- equals the proposal, it was below the proposal when we were granted: taken, as far as
+    -- the client can count it.
+    return {1, token, token == ARGV[5] and 1 or 0, clock()}
+  end
+  return {1, token}
+end
+if ARGV[3] == 'h' then
+  -- A quorum attempt (model/README.md): never queued, and every reply carries the clock.
+  local now = clock()
+  if holder ~= false then
+    return {0, redis.call('PTTL', KEYS[1]), holder, now}
+  end
+  if KEYS[5] and redis.call('ZSCORE', KEYS[5], ARGV[1]) then
+    -- Released before it ran: granting now would leave a key nobody releases.
+    return {0, 0, '', now}
+  end
+  -- propose's first write is the fence's (SET or INCR), before the lock's, as in grant.
+  local token, taken = propose(KEYS[2], ARGV[4], ARGV[5], now)
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, token, taken, now}
+end
+if holder == false then
+  -- grant first: under maxmemory Redis refuses only a script's first write, and INCR must be it.
+  local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4])
+  if ARGV[3] == '2' then
+    dequeue(KEYS[3], KEYS[4], ARGV[1])
   end
   return {1, token}
 end
